@@ -1,0 +1,38 @@
+# rocketlake: every target builds or refreshes .venv itself, so a fresh clone needs only these.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_DIR ?= build/demo
+
+.PHONY: venv test demo java-check bench-decode clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 (e.g. 'apt-get install python3.11 python3.11-venv' or pyenv)"; exit 1; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(BIN)/python -m pip check
+	@touch $(STAMP)
+
+java-check:
+	@java -version 2>&1 | grep -q 'version "17' || { echo "error: Java 17 is needed by Spark; install it with 'apt-get install openjdk-17-jdk-headless' and put it on PATH (or set JAVA_HOME)"; exit 1; }
+
+test: venv java-check
+	$(BIN)/python -m pytest -q
+
+demo: venv java-check
+	rm -rf $(DEMO_DIR)
+	$(BIN)/rocketlake store generate $(DEMO_DIR)/store --messages 20000 --topics 4 --queues 4 --seed 7 --segment-bytes 4194304
+	$(BIN)/rocketlake store verify $(DEMO_DIR)/store
+	$(BIN)/rocketlake store queues $(DEMO_DIR)/store
+	$(BIN)/rocketlake store messages $(DEMO_DIR)/store --limit 5 --format table
+	$(BIN)/rocketlake store index $(DEMO_DIR)/store --topic demo-topic-0 --key order-42
+
+bench-decode: venv
+	$(BIN)/python benchmarks/decode.py
+
+clean:
+	rm -rf build $(VENV)

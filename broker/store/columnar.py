@@ -1,0 +1,459 @@
+"""CommitLog segment or byte range → ``pyarrow.RecordBatch``es, vectorised.
+
+The hot path of every bulk reader (the inspector, ``verify``, the Spark data source). Per record
+only the start is found in Python (:mod:`broker.store.record_scan`); every field is then gathered for
+all records of a chunk at once with numpy fancy indexing over the mmap, and variable-length fields
+(topic, properties, body) become Arrow *view* arrays that point into the mapped bytes and are
+compacted by Arrow's C++ cast. Properties are split on their separators with numpy over the
+concatenated properties bytes; no per-field Python objects are built except for the rare rows that
+need them (IPv6 host text, compressed bodies, duplicate property names).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from broker.store import findings as fk
+from broker.store.compression import DecompressionError, decompress
+from broker.store.constants import (
+    BORNHOST_V6_FLAG,
+    COMPRESSED_FLAG,
+    COMPRESSION_NAMES,
+    COMPRESSION_TYPE_MASK,
+    MESSAGE_MAGIC_CODE_V2,
+    PROPERTY_KEYS,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    STOREHOSTADDRESS_V6_FLAG,
+    TRANSACTION_TYPE_MASK,
+    TRANSACTION_TYPE_NAMES,
+    signed32,
+)
+from broker.store.crc import crc32
+from broker.store.findings import Finding
+from broker.store.hosts import format_host
+from broker.store.record_scan import scan_records
+from broker.store.topics import WRAPPER_TOPICS
+from schemas.messages import RECORD_SCHEMA
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH_ROWS = 32_768
+DEFAULT_BATCH_BYTES = 64 * 1024 * 1024  # keeps int32 Arrow offsets and temporaries small
+
+_HEAD_DTYPE = np.dtype([
+    ("size", ">i4"), ("magic", ">i4"), ("crc", ">i4"), ("queue_id", ">i4"), ("flag", ">i4"),
+    ("queue_offset", ">i8"), ("phys", ">i8"), ("sys_flag", ">i4"), ("born_ts", ">i8"),
+])
+_HEAD_SIZE = _HEAD_DTYPE.itemsize  # 48: everything before the born host
+_MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
+_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+_TXN_NAMES = pa.array(TRANSACTION_TYPE_NAMES, pa.string())
+_COMPRESSION_NAMES = pa.array(COMPRESSION_NAMES, pa.string())
+# compression type bits (sysFlag >> 8 & 7) → index into COMPRESSION_NAMES; 0 with the flag = ZLIB
+_COMPRESSION_BY_TYPE_BITS = np.array([1, 2, 3, 1, 1, 1, 1, 1], dtype=np.int8)
+
+
+@dataclass(slots=True)
+class DecodeFilter:
+    """Row filters applied inside the decoder, before the expensive columns are built."""
+
+    topics: frozenset[str] | None = None  # stored or real topic must be in the set
+    min_store_timestamp: int | None = None  # inclusive, epoch ms
+    max_store_timestamp: int | None = None  # inclusive, epoch ms
+    min_offset: int | None = None  # inclusive commitlog offset
+    max_offset: int | None = None  # exclusive commitlog offset
+
+
+@dataclass(slots=True)
+class DecodeStats:
+    """What a decode saw: findings with file and offset, and where it stopped."""
+
+    findings: list[Finding] = field(default_factory=list)
+    records: int = 0
+    rows: int = 0
+    bytes_decoded: int = 0
+    stop: int = 0  # segment position where the walk ended
+    end_of_data: bool = False
+
+
+def _gather(a: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
+    """(n, width) bytes starting at each position; positions past the end read the last byte."""
+    idx = pos[:, None] + np.arange(width, dtype=np.int64)
+    np.minimum(idx, a.size - 1, out=idx)
+    return a[idx]
+
+
+def _be(a: np.ndarray, pos: np.ndarray, dtype: str) -> np.ndarray:
+    width = np.dtype(dtype).itemsize
+    return _gather(a, pos, width).view(dtype).reshape(-1).astype(dtype.replace(">", "<"))
+
+
+def _view_array(a: np.ndarray, buf: pa.Buffer, pos: np.ndarray, lengths: np.ndarray,
+                typ: pa.DataType) -> pa.Array:
+    """A binary_view/string_view array of ``lengths[i]`` bytes at ``pos[i]`` of ``buf``, no copy.
+
+    Arrow's view layout: 16 bytes per value, little-endian length then either the value inline
+    (≤ 12 bytes) or a 4-byte prefix, buffer index and offset.
+    """
+    n = pos.size
+    views = np.zeros((n, 16), dtype=np.uint8)
+    lengths32 = lengths.astype("<i4")
+    views[:, 0:4] = lengths32.view(np.uint8).reshape(n, 4)
+    head = _gather(a, pos, 12) if n else np.zeros((0, 12), np.uint8)
+    inline = lengths32 <= 12
+    if inline.any():
+        keep = np.arange(12)[None, :] < lengths32[inline, None]
+        views[inline, 4:16] = np.where(keep, head[inline], 0)
+    out = ~inline
+    if out.any():
+        views[out, 4:8] = head[out, 0:4]
+        views[out, 12:16] = pos[out].astype("<i4").view(np.uint8).reshape(-1, 4)
+    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(views), buf])
+
+
+def _string_slices(data: np.ndarray, buf: pa.Buffer, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+    return pc.cast(_view_array(data, buf, starts, ends - starts, pa.string_view()), pa.string())
+
+
+def _hex_ids(addr: np.ndarray, v6: np.ndarray, port: np.ndarray, phys: np.ndarray) -> pa.Array:
+    """offsetMsgId strings: hex(address ‖ port ‖ offset), 32 chars (IPv4) or 56 (IPv6)."""
+    n = phys.size
+    raw = np.zeros((n, 28), dtype=np.uint8)
+    v4 = ~v6
+    raw[v4, 0:4] = addr[v4, 0:4]
+    raw[v4, 4:8] = port[v4].astype(">i4").view(np.uint8).reshape(-1, 4)
+    raw[v4, 8:16] = phys[v4].astype(">i8").view(np.uint8).reshape(-1, 8)
+    raw[v6, 0:16] = addr[v6]
+    raw[v6, 16:20] = port[v6].astype(">i4").view(np.uint8).reshape(-1, 4)
+    raw[v6, 20:28] = phys[v6].astype(">i8").view(np.uint8).reshape(-1, 8)
+    chars = np.empty((n, 56), dtype=np.uint8)
+    chars[:, 0::2] = _HEX[raw >> 4]
+    chars[:, 1::2] = _HEX[raw & 15]
+    lengths = np.where(v6, 56, 32)
+    keep = np.arange(56)[None, :] < lengths[:, None]
+    data = chars[keep]
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _host_strings(addr: np.ndarray, v6: np.ndarray, port: np.ndarray) -> pa.Array:
+    """'a.b.c.d:port' built by Arrow kernels; the rare IPv6 rows formatted one by one."""
+    parts = [pc.cast(pa.array(addr[:, i]), pa.string()) for i in range(4)]
+    text = pc.binary_join_element_wise(*parts, ".")
+    text = pc.binary_join_element_wise(text, pc.cast(pa.array(port), pa.string()), ":")
+    if v6.any():
+        rows = np.flatnonzero(v6)
+        v6_text = [format_host(addr[i].tobytes(), int(port[i])) for i in rows.tolist()]
+        text = pc.replace_with_mask(text, pa.array(v6), pa.array(v6_text, pa.string()))
+    return text
+
+
+def _take_or_null(values: pa.Array, index: np.ndarray) -> pa.Array:
+    return values.take(pa.array(index, mask=index < 0))
+
+
+class _Properties:
+    """Properties of a chunk split into (message, name, value) entries with Apache's rules."""
+
+    def __init__(self, props: pa.StringArray) -> None:
+        n = len(props)
+        offsets = np.frombuffer(props.buffers()[1], dtype=np.int32, count=n + 1, offset=props.offset * 4)
+        self.n = n
+        base = int(offsets[0])
+        offs = (offsets - base).astype(np.int64)
+        buf = props.buffers()[2]
+        total = int(offs[-1])
+        data = (np.frombuffer(buf, dtype=np.uint8, count=total, offset=base) if total
+                else np.zeros(1, np.uint8))
+        self._buf = buf.slice(base, total) if total else pa.py_buffer(b"\0")
+        seps = np.flatnonzero(data[:total] == 2)
+        msg_of_sep = np.searchsorted(offs, seps, side="right") - 1
+        starts = np.concatenate([offs[:-1], seps + 1])
+        msgs = np.concatenate([np.arange(n, dtype=np.int64), msg_of_sep])
+        order = np.argsort((msgs << 32) | starts, kind="stable")
+        starts, msgs = starts[order], msgs[order]
+        nxt = np.searchsorted(seps, starts)
+        next_sep = np.where(nxt < seps.size, seps[np.minimum(nxt, max(seps.size - 1, 0))] if seps.size else 0,
+                            np.iinfo(np.int64).max)
+        ends = np.minimum(next_sep, offs[msgs + 1])
+        ones = np.flatnonzero(data[:total] == 1)
+        k = np.searchsorted(ones, starts)
+        first_one = np.where(k < ones.size, ones[np.minimum(k, max(ones.size - 1, 0))] if ones.size else 0,
+                             np.iinfo(np.int64).max)
+        valid = (first_one > starts) & (first_one < ends - 1)
+        self.msg = msgs[valid]
+        self.name_start, self.sep = starts[valid], first_one[valid]
+        self.value_end = ends[valid]
+        self.names = _string_slices(data, self._buf, self.name_start, self.sep)
+        self.values = _string_slices(data, self._buf, self.sep + 1, self.value_end)
+        self._dedupe()
+
+    def _dedupe(self) -> None:
+        """A later duplicate name overwrites an earlier one (Java HashMap.put)."""
+        if self.msg.size == 0:
+            self.codes = np.empty(0, np.int32)
+            self.dictionary = pa.array([], pa.string())
+            return
+        enc = pc.dictionary_encode(self.names)
+        codes = np.asarray(enc.indices).astype(np.int64)
+        dictionary = enc.dictionary
+        key = (self.msg << 32) | codes
+        if dictionary.__len__() <= 62:
+            bits = np.left_shift(np.uint64(1), codes.astype(np.uint64))
+            seg = np.flatnonzero(np.r_[True, self.msg[1:] != self.msg[:-1]])
+            dup_msgs = self.msg[seg][np.bitwise_or.reduceat(bits, seg) != np.add.reduceat(bits, seg)]
+        else:
+            order = np.argsort(key, kind="stable")
+            sk = key[order]
+            dup_msgs = np.unique(self.msg[order][1:][sk[1:] == sk[:-1]])
+        keep = np.ones(self.msg.size, dtype=bool)
+        if dup_msgs.size:
+            for m in dup_msgs.tolist():
+                rows = np.flatnonzero(self.msg == m)
+                seen: set[int] = set()
+                for r in rows[::-1].tolist():
+                    if codes[r] in seen:
+                        keep[r] = False
+                    seen.add(int(codes[r]))
+            self.msg, self.name_start, self.sep, self.value_end = (
+                self.msg[keep], self.name_start[keep], self.sep[keep], self.value_end[keep])
+            self.names = self.names.filter(pa.array(keep))
+            self.values = self.values.filter(pa.array(keep))
+            codes = codes[keep]
+        self.codes = codes
+        self.dictionary = dictionary
+
+    def lookup(self, name: str) -> np.ndarray:
+        """Per message: index of the entry named ``name`` in ``values``, or -1."""
+        out = np.full(self.n, -1, dtype=np.int64)
+        matches = np.flatnonzero(np.asarray(pc.equal(self.dictionary, name).fill_null(False)))
+        if matches.size:
+            rows = np.flatnonzero(self.codes == matches[0])
+            out[self.msg[rows]] = rows
+        return out
+
+    def value_of(self, name: str) -> pa.Array:
+        return _take_or_null(self.values, self.lookup(name))
+
+    def map_array(self) -> pa.MapArray:
+        counts = np.bincount(self.msg, minlength=self.n) if self.msg.size else np.zeros(self.n, np.int64)
+        offsets = np.zeros(self.n + 1, dtype=np.int32)
+        np.cumsum(counts, out=offsets[1:])
+        return pa.MapArray.from_arrays(pa.array(offsets), self.names, self.values,
+                                       type=RECORD_SCHEMA.field("properties").type)
+
+
+def _split_keys(keys: pa.Array) -> pa.Array:
+    """KEYS → list<string>, empty tokens dropped; null KEYS → empty list."""
+    lists = pc.split_pattern(keys.fill_null(""), " ")
+    flat = pc.list_flatten(lists)
+    parents = np.asarray(pc.list_parent_indices(lists))
+    nonempty = np.asarray(pc.greater(pc.binary_length(flat), 0))
+    counts = np.bincount(parents[nonempty], minlength=len(keys))
+    offsets = np.zeros(len(keys) + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), flat.filter(pa.array(nonempty)),
+                                    type=RECORD_SCHEMA.field("keys").type)
+
+
+def _bodies(mem: memoryview, a: np.ndarray, buf: pa.Buffer, pos: np.ndarray, lengths: np.ndarray,
+            compression: np.ndarray, phys: np.ndarray, file_name: str, seg_base: int,
+            findings: list[Finding]) -> pa.Array:
+    stored = pc.cast(_view_array(a, buf, pos, lengths, pa.binary_view()), pa.binary())
+    rows = np.flatnonzero(compression > 0)
+    if rows.size == 0:
+        return stored
+    plain = []
+    for r in rows.tolist():
+        p, ln = int(pos[r]), int(lengths[r])
+        name = COMPRESSION_NAMES[int(compression[r])]
+        try:
+            plain.append(decompress(mem[p:p + ln], name))
+        except DecompressionError as exc:
+            off = int(phys[r])
+            findings.append(Finding(file_name, off - seg_base, fk.DECOMPRESSION_FAILED,
+                                    f"{exc}; body kept as stored", physical_offset=off))
+            plain.append(bytes(mem[p:p + ln]))
+    mask = np.zeros(len(stored), dtype=bool)
+    mask[rows] = True
+    return pc.replace_with_mask(stored, pa.array(mask), pa.array(plain, pa.binary()))
+
+
+def _decode_chunk(mem: memoryview, a: np.ndarray, buf: pa.Buffer, starts: np.ndarray, seg_base: int,
+                  file_name: str, flt: DecodeFilter | None, verify_crc: bool,
+                  findings: list[Finding]) -> tuple[pa.RecordBatch | None, np.ndarray]:
+    """Decode records at ``starts``. Returns the batch (None if every row was filtered out) and the
+    indices of records whose field lengths do not add up to TOTALSIZE (to be re-walked)."""
+    head = _gather(a, starts, _HEAD_SIZE).view(_HEAD_DTYPE).reshape(-1)
+    size = head["size"].astype(np.int64)
+    sys_flag = head["sys_flag"].astype(np.int32)
+    born_v6 = (sys_flag & BORNHOST_V6_FLAG) != 0
+    store_v6 = (sys_flag & STOREHOSTADDRESS_V6_FLAG) != 0
+    p_born = starts + _HEAD_SIZE
+    p_store_ts = p_born + np.where(born_v6, 20, 8)
+    p_store = p_store_ts + 8
+    p_reconsume = p_store + np.where(store_v6, 20, 8)
+    p_body_len = p_reconsume + 12
+    body_len = _be(a, p_body_len, ">i4").astype(np.int64)
+    p_body = p_body_len + 4
+    v2 = head["magic"] == _MAGIC_V2
+    p_topic_len = p_body + np.maximum(body_len, 0)
+    topic_len = np.where(v2, _be(a, p_topic_len, ">i2"), _be(a, p_topic_len, ">i1")).astype(np.int64)
+    p_topic = p_topic_len + np.where(v2, 2, 1)
+    p_props_len = p_topic + np.maximum(topic_len, 0)
+    props_len = _be(a, p_props_len, ">i2").astype(np.int64)
+    p_props = p_props_len + 2
+    bad = np.flatnonzero((body_len < 0) | (topic_len < 0) | (props_len < 0) | (p_props + props_len != starts + size))
+    if bad.size:
+        return None, bad
+
+    phys = head["phys"].astype(np.int64)
+    store_ts = _be(a, p_store_ts, ">i8")
+    keep = np.ones(starts.size, dtype=bool)
+    if flt is not None:
+        if flt.min_offset is not None:
+            keep &= phys >= flt.min_offset
+        if flt.max_offset is not None:
+            keep &= phys < flt.max_offset
+        if flt.min_store_timestamp is not None:
+            keep &= store_ts >= flt.min_store_timestamp
+        if flt.max_store_timestamp is not None:
+            keep &= store_ts <= flt.max_store_timestamp
+    topic = _string_slices(a, buf, p_topic, p_topic + topic_len)
+    props = _Properties(pc.cast(_view_array(a, buf, p_props, props_len, pa.string_view()), pa.string()))
+    real_topic_prop = props.value_of(PROPERTY_REAL_TOPIC)
+    is_wrapper = pc.is_in(topic, value_set=pa.array(sorted(WRAPPER_TOPICS)))
+    real_topic = pc.if_else(pc.and_(is_wrapper, pc.is_valid(real_topic_prop)), real_topic_prop, topic)
+    if flt is not None and flt.topics is not None:
+        wanted = pa.array(sorted(flt.topics), pa.string())
+        keep &= np.asarray(pc.or_(pc.is_in(topic, value_set=wanted), pc.is_in(real_topic, value_set=wanted)))
+    if not keep.all():
+        rows = np.flatnonzero(keep)
+        if rows.size == 0:
+            return None, bad
+        sel = pa.array(rows)
+        starts, size, sys_flag, born_v6, store_v6 = starts[rows], size[rows], sys_flag[rows], born_v6[rows], store_v6[rows]
+        head, phys, store_ts = head[rows], phys[rows], store_ts[rows]
+        p_born, p_store, p_reconsume = p_born[rows], p_store[rows], p_reconsume[rows]
+        p_body, body_len, p_props, props_len = p_body[rows], body_len[rows], p_props[rows], props_len[rows]
+        topic, real_topic = topic.take(sel), real_topic.take(sel)
+        props = _Properties(pc.cast(_view_array(a, buf, p_props, props_len, pa.string_view()), pa.string()))
+
+    n = starts.size
+    born_addr = _gather(a, p_born, 16)
+    store_addr = _gather(a, p_store, 16)
+    born_port = _be(a, p_born + np.where(born_v6, 16, 4), ">i4")
+    store_port = _be(a, p_store + np.where(store_v6, 16, 4), ">i4")
+    reconsume = _be(a, p_reconsume, ">i4")
+    prepared = _be(a, p_reconsume + 4, ">i8")
+    compressed = (sys_flag & COMPRESSED_FLAG) != 0
+    compression = np.where(compressed, _COMPRESSION_BY_TYPE_BITS[(sys_flag & COMPRESSION_TYPE_MASK) >> 8], 0)
+    crc_stored = head["crc"].astype(np.int32)
+    if verify_crc:
+        computed = np.fromiter(
+            ((crc32(mem[p:p + ln]) & 0x7FFFFFFF) if ln else 0
+             for p, ln in zip(p_body.tolist(), body_len.tolist())),
+            dtype=np.int64, count=n)
+        crc_ok = computed == crc_stored
+        for r in np.flatnonzero(~crc_ok).tolist():
+            off = int(phys[r])
+            findings.append(Finding(file_name, off - seg_base, fk.CRC_MISMATCH,
+                                    f"BODYCRC {int(crc_stored[r])} != computed {int(computed[r])}",
+                                    physical_offset=off))
+    else:
+        crc_ok = np.ones(n, dtype=bool)
+    columns = {
+        "commitlog_offset": pa.array(phys, pa.int64()),
+        "store_size": pa.array(size.astype(np.int32)),
+        "magic_code": pa.array(head["magic"].astype(np.int32)),
+        "body_crc": pa.array(crc_stored),
+        "body_crc_ok": pa.array(crc_ok),
+        "queue_id": pa.array(head["queue_id"].astype(np.int32)),
+        "flag": pa.array(head["flag"].astype(np.int32)),
+        "queue_offset": pa.array(head["queue_offset"].astype(np.int64)),
+        "sys_flag": pa.array(sys_flag),
+        "transaction_type": _TXN_NAMES.take(pa.array((sys_flag & TRANSACTION_TYPE_MASK) >> 2)),
+        "compression": _COMPRESSION_NAMES.take(pa.array(compression.astype(np.int32))),
+        "born_timestamp": pa.array(head["born_ts"].astype(np.int64)),
+        "store_timestamp": pa.array(store_ts),
+        "born_host": _host_strings(born_addr, born_v6, born_port),
+        "store_host": _host_strings(store_addr, store_v6, store_port),
+        "reconsume_times": pa.array(reconsume),
+        "prepared_transaction_offset": pa.array(prepared),
+        "topic": topic,
+        "real_topic": real_topic,
+        "properties": props.map_array(),
+        "keys": _split_keys(props.value_of(PROPERTY_KEYS)),
+        "tags": props.value_of(PROPERTY_TAGS),
+        "uniq_key": props.value_of(PROPERTY_UNIQ_KEY),
+        "offset_msg_id": _hex_ids(store_addr, store_v6, store_port, phys),
+        "body": _bodies(mem, a, buf, p_body, body_len, compression, phys, file_name, seg_base, findings),
+    }
+    return pa.RecordBatch.from_arrays([columns[f.name] for f in RECORD_SCHEMA], schema=RECORD_SCHEMA), bad
+
+
+def iter_decode(buf, seg_base: int, seg_size: int, start: int = 0, end: int | None = None, *,
+                file_name: str = "", flt: DecodeFilter | None = None, verify_crc: bool = True,
+                batch_rows: int = DEFAULT_BATCH_ROWS, batch_bytes: int = DEFAULT_BATCH_BYTES,
+                stats: DecodeStats | None = None, search_first: bool | None = None) -> Iterator[pa.RecordBatch]:
+    """Decode the records that start in ``[start, end)`` of one segment into RecordBatches.
+
+    ``buf`` is the whole segment (an mmap or bytes, position 0 = file start); ``seg_base`` its
+    physical start offset. ``start`` may be any byte: the first record is found by the
+    self-identifying rule (see :mod:`broker.store.record_scan`). Findings (corrupt regions, CRC
+    mismatches, torn tails) go to ``stats``; every intact record is still returned.
+    """
+    stats = stats if stats is not None else DecodeStats()
+    mem = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
+    a = np.frombuffer(mem, dtype=np.uint8)
+    pbuf = pa.py_buffer(mem)
+    scan = scan_records(buf, seg_base, seg_size, start, end, file_name, search_first)
+    stats.findings.extend(scan.findings)
+    starts, sizes = scan.starts, scan.sizes
+    stats.stop, stats.end_of_data = scan.stop, scan.end_of_data
+    i = 0
+    while i < starts.size:
+        # a chunk: at most batch_rows records and about batch_bytes bytes
+        cum = np.cumsum(sizes[i:i + batch_rows])
+        j = i + max(1, int(np.searchsorted(cum, batch_bytes, side="right")))
+        j = min(j, starts.size)
+        batch, bad = _decode_chunk(mem, a, pbuf, starts[i:j], seg_base, file_name, flt, verify_crc,
+                                   stats.findings)
+        if bad.size:
+            # TOTALSIZE disagrees with the field lengths: report, then re-walk from the next byte.
+            b = i + int(bad[0])
+            pos = int(starts[b])
+            rescan = scan_records(buf, seg_base, seg_size, pos + 1, end, file_name, search_first=True)
+            nxt = int(rescan.starts[0]) if rescan.starts.size else rescan.stop
+            stats.findings.append(Finding(
+                file_name, pos, fk.LENGTH_MISMATCH,
+                f"field lengths do not add up to TOTALSIZE {int(sizes[b])}; resynchronised at position {nxt}",
+                bytes_skipped=nxt - pos, physical_offset=seg_base + pos))
+            stats.findings.extend(rescan.findings)
+            starts = np.concatenate([starts[:b], rescan.starts])
+            sizes = np.concatenate([sizes[:b], rescan.sizes])
+            stats.stop, stats.end_of_data = rescan.stop, rescan.end_of_data
+            continue  # decode [i, b) again, now without the bad record
+        stats.records += j - i
+        stats.bytes_decoded += int(cum[j - i - 1])
+        i = j
+        if batch is not None:
+            stats.rows += batch.num_rows
+            yield batch
+
+
+def decode_range(buf, seg_base: int, seg_size: int, start: int = 0, end: int | None = None,
+                 **kwargs) -> tuple[pa.Table, DecodeStats]:
+    """:func:`iter_decode` collected into one table (empty tables keep the schema)."""
+    stats = kwargs.pop("stats", None) or DecodeStats()
+    batches = list(iter_decode(buf, seg_base, seg_size, start, end, stats=stats, **kwargs))
+    return pa.Table.from_batches(batches, schema=RECORD_SCHEMA), stats

@@ -1,0 +1,333 @@
+"""CommitLog segment files: listing, reading (segment, range, from an offset, one record), appending.
+
+Segments are pre-sized files named by the 20-digit physical offset of their first byte; a record
+never spans two files and a full file ends with a BLANK record (store-format.md 3.1, 3.2).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+
+
+from broker.store import findings as fk
+from broker.store.constants import (
+    BLANK_HEADER_SIZE,
+    COMMITLOG_DIR,
+    DEFAULT_MAPPED_FILE_SIZE_COMMITLOG,
+    END_FILE_MIN_BLANK_LENGTH,
+    FILE_NAME_DIGITS,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    TRANSACTION_TYPE_MASK,
+)
+from broker.store.findings import Finding
+from broker.store.message import BlankRecord, MessageRecord, RecordError, decode_record
+from broker.store.record_scan import scan_records
+
+log = logging.getLogger(__name__)
+
+
+def offset_to_file_name(offset: int) -> str:
+    """``UtilAll.offset2FileName``: the offset left-padded with zeros to 20 digits."""
+    return str(offset).zfill(FILE_NAME_DIGITS)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One commitlog file: ``base`` is its physical start offset, ``size`` its length on disk."""
+
+    path: Path
+    base: int
+    size: int
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def open(self) -> mmap.mmap | bytes:
+        """Read-only map of the file (empty files cannot be mapped: they read as b"")."""
+        if self.size == 0:
+            return b""
+        with open(self.path, "rb") as fh:
+            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def list_segments(commitlog_dir: str | os.PathLike, segment_size: int | None = None,
+                  findings: list[Finding] | None = None) -> list[Segment]:
+    """The segment files in offset order. Files that are not 20-digit names are reported and
+    skipped; wrong lengths and gaps between files are reported (Apache refuses to load those)."""
+    d = Path(commitlog_dir)
+    out: list[Segment] = []
+    if not d.is_dir():
+        return out
+    for p in sorted(d.iterdir()):
+        if not p.is_file():
+            continue
+        if len(p.name) != FILE_NAME_DIGITS or not p.name.isdigit():
+            if findings is not None:
+                findings.append(Finding(str(p), 0, fk.BAD_FILE_NAME, "not a 20-digit commitlog file name; ignored"))
+            continue
+        out.append(Segment(p, int(p.name), p.stat().st_size))
+    out.sort(key=lambda s: s.base)
+    if findings is not None and out:
+        expected = segment_size or infer_segment_size(out)
+        for i, seg in enumerate(out):
+            if seg.size != expected:
+                findings.append(Finding(str(seg.path), 0, fk.WRONG_FILE_SIZE,
+                                        f"file is {seg.size} bytes, segment size is {expected}"))
+            if i and seg.base != out[i - 1].base + expected:
+                findings.append(Finding(str(seg.path), 0, fk.FILE_GAP,
+                                        f"starts at {seg.base}, previous file ends at {out[i - 1].base + expected}"))
+    return out
+
+
+def infer_segment_size(segments: list[Segment]) -> int:
+    """The configured file size, read off the files: the distance between consecutive names,
+    else the most common file length, else Apache's default."""
+    if len(segments) >= 2:
+        gaps = [b.base - a.base for a, b in zip(segments, segments[1:]) if b.base > a.base]
+        if gaps:
+            return min(gaps)
+    sizes = [s.size for s in segments if s.size]
+    if sizes:
+        return max(set(sizes), key=sizes.count)
+    return DEFAULT_MAPPED_FILE_SIZE_COMMITLOG
+
+
+@dataclass(slots=True)
+class CommitLog:
+    """Read access to a store's commitlog (``<store>/commitlog``)."""
+
+    directory: Path
+    segment_size: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, store_dir: str | os.PathLike, segment_size: int | None = None) -> "CommitLog":
+        d = Path(store_dir) / COMMITLOG_DIR
+        found: list[Finding] = []
+        segs = list_segments(d, segment_size, found)
+        size = segment_size or (infer_segment_size(segs) if segs else DEFAULT_MAPPED_FILE_SIZE_COMMITLOG)
+        return cls(d, size, found, segs)
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments[0].base if self.segments else 0
+
+    def segment_for(self, offset: int) -> Segment | None:
+        for seg in self.segments:
+            if seg.base <= offset < seg.base + self.segment_size:
+                return seg
+        return None
+
+    def read_record(self, offset: int) -> MessageRecord | BlankRecord:
+        """The record at a physical offset; raises :class:`RecordError` naming file and offset."""
+        seg = self.segment_for(offset)
+        if seg is None:
+            raise RecordError(fk.BAD_SIZE, offset, "no commitlog file holds this offset")
+        with open(seg.path, "rb") as fh:
+            fh.seek(offset - seg.base)
+            head = fh.read(4)
+            if len(head) < 4:
+                raise RecordError(fk.TRUNCATED_RECORD, offset, f"past the end of {seg.path}")
+            size = int.from_bytes(head, "big", signed=True)
+            size = max(size, BLANK_HEADER_SIZE)
+            data = head + fh.read(min(size, self.segment_size) - 4)
+        try:
+            return decode_record(data, 0, offset, limit=len(data))
+        except RecordError as exc:
+            raise RecordError(exc.kind, offset, f"{seg.path}: {exc.detail}") from None
+
+    def iter_records(self, from_offset: int = 0, to_offset: int | None = None,
+                     findings: list[Finding] | None = None) -> Iterator[MessageRecord]:
+        """Message records (BLANKs skipped) whose start lies in ``[from_offset, to_offset)``, one
+        object each. Corrupt regions are skipped and reported to ``findings``."""
+        for seg in self.segments:
+            seg_end = seg.base + self.segment_size
+            if seg_end <= from_offset or (to_offset is not None and seg.base >= to_offset):
+                continue
+            buf = seg.open()
+            try:
+                start = max(0, from_offset - seg.base)
+                end = None if to_offset is None else max(0, min(self.segment_size, to_offset - seg.base))
+                scan = scan_records(buf, seg.base, self.segment_size, start, end, str(seg.path))
+                if findings is not None:
+                    findings.extend(scan.findings)
+                for pos in scan.starts.tolist():
+                    try:
+                        rec = decode_record(buf, pos, seg.base + pos)
+                    except RecordError as exc:
+                        if findings is not None:
+                            findings.append(Finding(str(seg.path), pos, exc.kind, exc.detail,
+                                                    physical_offset=seg.base + pos))
+                        continue
+                    if isinstance(rec, MessageRecord):
+                        yield rec
+            finally:
+                if isinstance(buf, mmap.mmap):
+                    buf.close()
+
+    def data_end(self) -> int:
+        """Physical offset just past the last record of the last non-empty segment."""
+        for seg in reversed(self.segments):
+            buf = seg.open()
+            try:
+                scan = scan_records(buf, seg.base, self.segment_size, 0, None, str(seg.path))
+                if scan.blank_at is not None:
+                    return seg.base + self.segment_size
+                if scan.starts.size:
+                    return seg.base + int(scan.starts[-1] + scan.sizes[-1])
+            finally:
+                if isinstance(buf, mmap.mmap):
+                    buf.close()
+        return self.segments[0].base if self.segments else 0
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    physical_offset: int
+    size: int
+    queue_offset: int
+    store_timestamp: int
+    record: MessageRecord
+
+
+class CommitLogWriter:
+    """Appends records like Apache's ``DefaultAppendMessageCallback``.
+
+    Fills in PHYSICALOFFSET, QUEUEOFFSET (per topic-queue counters; PREPARED/ROLLBACK get 0 and do
+    not advance them) and STORETIMESTAMP, rolls to a new pre-sized file with a BLANK when a record
+    plus 8 bytes does not fit, and writes a batch all-or-nothing per file. Writes are buffered and
+    reach the file on :meth:`flush` (``fsync=True`` also syncs to disk).
+    """
+
+    def __init__(self, store_dir: str | os.PathLike, segment_size: int = DEFAULT_MAPPED_FILE_SIZE_COMMITLOG,
+                 queue_offsets: dict[tuple[str, int], int] | None = None, buffer_bytes: int = 4 << 20) -> None:
+        if segment_size < 4096:
+            raise ValueError("segment size must be at least 4096 bytes")
+        self.directory = Path(store_dir) / COMMITLOG_DIR
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.segment_size = segment_size
+        self.queue_offsets: dict[tuple[str, int], int] = dict(queue_offsets or {})
+        self._buffer_bytes = buffer_bytes
+        self._pending = bytearray()
+        self._pending_pos = 0
+        self._fd: int | None = None
+        self._base = 0
+        self._pos = 0
+        self._open_tail()
+
+    # ---- files -------------------------------------------------------------------------------------
+    def _open_tail(self) -> None:
+        log_ = CommitLog.open(self.directory.parent, self.segment_size)
+        if not log_.segments:
+            self._new_file(0)
+            return
+        end = log_.data_end()
+        last = log_.segments[-1]
+        if end >= last.base + self.segment_size:
+            self._new_file(last.base + self.segment_size)
+        else:
+            self._fd = os.open(last.path, os.O_RDWR)
+            if os.fstat(self._fd).st_size < self.segment_size:
+                os.ftruncate(self._fd, self.segment_size)
+            self._base, self._pos = last.base, end - last.base
+            self._pending_pos = self._pos
+
+    def _new_file(self, base: int) -> None:
+        self._close_file()
+        path = self.directory / offset_to_file_name(base)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        os.ftruncate(self._fd, self.segment_size)  # pre-sized and zero-filled, like a mapped file
+        self._base, self._pos, self._pending_pos = base, 0, 0
+
+    def _close_file(self, fsync: bool = False) -> None:
+        if self._fd is not None:
+            self._write_pending(fsync)
+            os.close(self._fd)
+            self._fd = None
+
+    def _write_pending(self, fsync: bool = False) -> None:
+        if self._pending:
+            os.pwrite(self._fd, self._pending, self._pending_pos)
+            self._pending_pos += len(self._pending)
+            self._pending.clear()
+        if fsync:
+            os.fsync(self._fd)
+
+    # ---- appending -------------------------------------------------------------------------------
+    @property
+    def write_offset(self) -> int:
+        """Physical offset the next record will get (if it fits the current file)."""
+        return self._base + self._pos
+
+    def _roll(self) -> None:
+        remaining = self.segment_size - self._pos
+        self._pending += BlankRecord(self.write_offset, remaining).encode()
+        self._pos = self.segment_size
+        self._new_file(self._base + self.segment_size)
+
+    def _place(self, rec: MessageRecord, store_timestamp: int) -> MessageRecord:
+        txn = rec.sys_flag & TRANSACTION_TYPE_MASK
+        key = (rec.topic, rec.queue_id)
+        if txn in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
+            queue_offset = 0
+        else:
+            queue_offset = self.queue_offsets.get(key, 0)
+            self.queue_offsets[key] = queue_offset + 1
+        return rec.with_position(self.write_offset, queue_offset, store_timestamp)
+
+    def append(self, rec: MessageRecord, store_timestamp: int | None = None) -> AppendResult:
+        return self.append_batch([rec], store_timestamp)[0]
+
+    def append_batch(self, records: Iterable[MessageRecord], store_timestamp: int | None = None) -> list[AppendResult]:
+        """Append records that must land in one file (a 4.x batch); all share one store timestamp."""
+        records = list(records)
+        ts = int(time.time() * 1000) if store_timestamp is None else store_timestamp
+        sizes = [r.total_size for r in records]
+        total = sum(sizes)
+        if total + END_FILE_MIN_BLANK_LENGTH > self.segment_size:
+            raise ValueError(f"{total} bytes of records cannot fit a {self.segment_size}-byte commitlog file")
+        if total + END_FILE_MIN_BLANK_LENGTH > self.segment_size - self._pos:
+            self._roll()
+        saved = dict(self.queue_offsets)
+        out: list[AppendResult] = []
+        encoded = []
+        try:
+            for rec in records:
+                placed = self._place(rec, ts)
+                data = placed.encode()
+                encoded.append(data)
+                out.append(AppendResult(placed.physical_offset, len(data), placed.queue_offset, ts, placed))
+                self._pos += len(data)
+        except Exception:
+            self.queue_offsets = saved
+            self._pos -= sum(len(d) for d in encoded)
+            raise
+        self._pending += b"".join(encoded)
+        if len(self._pending) >= self._buffer_bytes:
+            self._write_pending()
+        return out
+
+    def flush(self, fsync: bool = False) -> None:
+        if self._fd is not None:
+            self._write_pending(fsync)
+
+    def close(self) -> None:
+        self._close_file(fsync=True)
+
+    def __enter__(self) -> "CommitLogWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+

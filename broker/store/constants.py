@@ -1,0 +1,145 @@
+"""Every fixed number and name of the Apache RocketMQ store format, in one place.
+
+Values follow ``shared/reference/store-format.md`` (Apache RocketMQ 4.9.8 / 5.3.3). All multi-byte
+integers on disk are big-endian.
+"""
+
+from __future__ import annotations
+
+import re
+
+# --- record magic codes (signed Java ints on disk) -----------------------------------------------
+MESSAGE_MAGIC_CODE_V1 = 0xDAA320A7  # 1-byte topic length
+MESSAGE_MAGIC_CODE_V2 = 0xDAA320AB  # 2-byte topic length (5.0.0+)
+BLANK_MAGIC_CODE = 0xCBD43194  # end-of-file filler
+
+
+def signed32(value: int) -> int:
+    """Java's view of an unsigned 32-bit constant (what the golden dumps print)."""
+    return value - (1 << 32) if value & 0x80000000 else value
+
+
+MESSAGE_MAGIC_CODES = (MESSAGE_MAGIC_CODE_V1, MESSAGE_MAGIC_CODE_V2)
+
+# --- commitlog record layout ------------------------------------------------------------------
+END_FILE_MIN_BLANK_LENGTH = 8  # a full file always keeps room for the BLANK header
+BLANK_HEADER_SIZE = 8
+POS_TOTAL_SIZE = 0
+POS_MAGIC = 4
+POS_BODY_CRC = 8
+POS_QUEUE_ID = 12
+POS_FLAG = 16
+POS_QUEUE_OFFSET = 20
+POS_PHYSICAL_OFFSET = 28
+POS_SYS_FLAG = 36
+POS_BORN_TIMESTAMP = 40
+POS_BORN_HOST = 48
+IPV4_HOST_SIZE = 8  # 4 address bytes + 4-byte port
+IPV6_HOST_SIZE = 20  # 16 address bytes + 4-byte port
+# Bytes of a record that do not depend on body, topic or properties, with two IPv4 hosts and a
+# V1 (1-byte) topic length: 91 + L + T + P (store-format.md 3.3).
+FIXED_RECORD_SIZE_V1_IPV4 = 91
+# Smallest possible well-formed message record (IPv4 hosts, empty body/topic/properties).
+MIN_MESSAGE_RECORD_SIZE = FIXED_RECORD_SIZE_V1_IPV4
+MAX_TOPIC_LENGTH_V1 = 127  # signed byte
+MAX_TOPIC_LENGTH = 127  # TopicValidator limit (characters), 4.x and 5.x
+MAX_PROPERTIES_LENGTH = 32767  # signed short
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024  # maxMessageSize: body limit
+MAX_RECORD_OVERHEAD = 64 * 1024  # whole record may be body + 64 KiB
+
+# --- sysFlag bits (MessageSysFlag) -------------------------------------------------------------
+COMPRESSED_FLAG = 0x1
+MULTI_TAGS_FLAG = 0x2
+TRANSACTION_TYPE_MASK = 0xC
+TRANSACTION_NOT_TYPE = 0x0
+TRANSACTION_PREPARED_TYPE = 0x4
+TRANSACTION_COMMIT_TYPE = 0x8
+TRANSACTION_ROLLBACK_TYPE = 0xC
+BORNHOST_V6_FLAG = 0x10
+STOREHOSTADDRESS_V6_FLAG = 0x20
+NEED_UNWRAP_FLAG = 0x40
+INNER_BATCH_FLAG = 0x80
+COMPRESSION_TYPE_MASK = 0x700
+COMPRESSION_LZ4 = 0x100
+COMPRESSION_ZSTD = 0x200
+COMPRESSION_ZLIB = 0x300
+
+# Names used in the inspector's JSON and the Delta tables, indexed by the 2-bit transaction type.
+TRANSACTION_TYPE_NAMES = ("NOT", "PREPARED", "COMMIT", "ROLLBACK")
+COMPRESSION_NAMES = ("NONE", "ZLIB", "LZ4", "ZSTD")
+COMPRESSION_NONE, COMPRESSION_NAME_ZLIB, COMPRESSION_NAME_LZ4, COMPRESSION_NAME_ZSTD = COMPRESSION_NAMES
+COMPRESSION_BITS_BY_NAME = {"ZLIB": COMPRESSION_ZLIB, "LZ4": COMPRESSION_LZ4, "ZSTD": COMPRESSION_ZSTD}
+
+# --- properties --------------------------------------------------------------------------------
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+KEY_SEPARATOR = " "
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+PROPERTY_WAIT = "WAIT"
+PROPERTY_DELAY = "DELAY"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QID = "REAL_QID"
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+PROPERTY_TRAN_MSG = "TRAN_MSG"
+PROPERTY_PGROUP = "PGROUP"
+PROPERTY_CLUSTER = "CLUSTER"
+PROPERTY_INNER_NUM = "INNER_NUM"
+PROPERTY_INNER_BASE = "INNER_BASE"
+PROPERTY_CRC32 = "__CRC32#"
+PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+PROPERTY_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
+CRC32_RESERVED_LENGTH = 20  # "__CRC32#" + 0x01 + 10 digits + 0x02
+
+# --- consume queue / ext ---------------------------------------------------------------------
+CQ_STORE_UNIT_SIZE = 20
+DEFAULT_CQ_UNITS_PER_FILE = 300_000
+DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE = DEFAULT_CQ_UNITS_PER_FILE * CQ_STORE_UNIT_SIZE
+DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE_EXT = 48 * 1024 * 1024
+CQ_EXT_MAX_ADDR = -2147483649  # tagsCode <= this is an ext address (0xFFFFFFFF7FFFFFFF)
+CQ_EXT_ADDR_BASE = -(1 << 63)  # address = ext byte offset + Long.MIN_VALUE
+CQ_EXT_END_MARKER = -1  # short written when a unit does not fit the rest of a file
+CQ_EXT_UNIT_HEADER_SIZE = 20
+CQ_FILL_UNIT_SIZE = 0x7FFFFFFF  # "pre-blank" fill units (phy 0, size MAX_INT, tags 0)
+
+# --- commitlog ----------------------------------------------------------------------------------
+DEFAULT_MAPPED_FILE_SIZE_COMMITLOG = 1024 * 1024 * 1024
+FILE_NAME_DIGITS = 20
+
+# --- index ----------------------------------------------------------------------------------------
+INDEX_HEADER_SIZE = 40
+INDEX_HASH_SLOT_SIZE = 4
+INDEX_ENTRY_SIZE = 20
+DEFAULT_MAX_HASH_SLOT_NUM = 5_000_000
+DEFAULT_MAX_INDEX_NUM = 5_000_000 * 4
+MAX_MSGS_NUM_BATCH = 64  # Apache caps one index query at this; our inspector does not
+INDEX_KEY_JOINER = "#"
+INDEX_FILE_NAME_FORMAT = "%Y%m%d%H%M%S"  # + 3 digits of milliseconds (yyyyMMddHHmmssSSS)
+
+# --- checkpoint / lock / config -----------------------------------------------------------------
+OS_PAGE_SIZE = 4096
+CHECKPOINT_FILE_SIZE = OS_PAGE_SIZE
+LOCK_FILE_CONTENT = b"lock"
+TOPIC_GROUP_SEPARATOR = "@"
+
+# --- store directory layout -----------------------------------------------------------------------
+COMMITLOG_DIR = "commitlog"
+CONSUME_QUEUE_DIR = "consumequeue"
+CONSUME_QUEUE_EXT_DIR = "consumequeue_ext"
+INDEX_DIR = "index"
+CONFIG_DIR = "config"
+CHECKPOINT_FILE = "checkpoint"
+ABORT_FILE = "abort"
+LOCK_FILE = "lock"
+TOPICS_FILE = "topics.json"
+CONSUMER_OFFSET_FILE = "consumerOffset.json"
+SUBSCRIPTION_GROUP_FILE = "subscriptionGroup.json"
+DELAY_OFFSET_FILE = "delayOffset.json"
+
+# --- delay levels ----------------------------------------------------------------------------------
+DEFAULT_MESSAGE_DELAY_LEVEL = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+
+# --- topic names -----------------------------------------------------------------------------------
+TOPIC_NAME_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")

@@ -1,0 +1,35 @@
+"""Java ``String.hashCode`` as RocketMQ uses it for tag codes and index keys.
+
+Java hashes UTF-16 code units, not UTF-8 bytes: a character outside the BMP (an emoji) counts as two
+surrogate units. Getting this wrong silently breaks tag filtering and key lookups.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_INT_MIN = -(1 << 31)
+
+
+def java_string_hash(text: str) -> int:
+    """``text.hashCode()`` as a signed 32-bit int."""
+    units = np.frombuffer(text.encode("utf-16-be"), dtype=">u2")
+    h = 0
+    for unit in units.tolist():
+        h = (31 * h + unit) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def tags_code(tags: str | None) -> int:
+    """ConsumeQueue tagsCode of a TAGS value: the hash sign-extended to 64 bits, 0 when no tags."""
+    if not tags:
+        return 0
+    return java_string_hash(tags)
+
+
+def index_key_hash(index_key: str) -> int:
+    """IndexFile key hash: ``abs(hashCode)``, and 0 for Integer.MIN_VALUE (whose abs stays negative)."""
+    h = java_string_hash(index_key)
+    if h == _INT_MIN:
+        return 0
+    return abs(h)

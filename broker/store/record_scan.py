@@ -1,0 +1,210 @@
+"""Find record starts in a commitlog segment: the one walk both record readers share.
+
+A commitlog is a chain of ``TOTALSIZE``-prefixed records, so locating records is a sequential walk:
+one ``unpack_from`` per record, never per field. When the chain breaks (bad magic, a size that runs
+off the file, a PHYSICALOFFSET that is not the record's own position) the walker resynchronises on
+the next *self-identifying* record start: a message magic at +4 and PHYSICALOFFSET at +28 equal to
+the candidate's absolute offset, or a BLANK whose size reaches exactly the end of the file. The same
+rule lets a split that begins at an arbitrary byte find its first record without a pre-scan.
+
+Ownership rule for splits: a range ``[start, end)`` owns the records that start inside it and the
+corrupt regions that begin inside it; bytes before its first record start belong to the previous
+range. Findings therefore never double-count across splits.
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from broker.store import findings as fk
+from broker.store.constants import (
+    BLANK_HEADER_SIZE,
+    BLANK_MAGIC_CODE,
+    MESSAGE_MAGIC_CODE_V1,
+    MESSAGE_MAGIC_CODE_V2,
+    MIN_MESSAGE_RECORD_SIZE,
+    POS_PHYSICAL_OFFSET,
+    signed32,
+)
+from broker.store.findings import Finding
+
+_HDR = struct.Struct(">ii20xq")  # TOTALSIZE, MAGIC, (skip), PHYSICALOFFSET at +28
+_SIZE_MAGIC = struct.Struct(">ii")
+_PHYS = struct.Struct(">q")
+_MAGIC_V1 = signed32(MESSAGE_MAGIC_CODE_V1)
+_MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
+_MAGIC_BLANK = signed32(BLANK_MAGIC_CODE)
+_PATTERNS = (
+    struct.pack(">I", MESSAGE_MAGIC_CODE_V1),
+    struct.pack(">I", MESSAGE_MAGIC_CODE_V2),
+    struct.pack(">I", BLANK_MAGIC_CODE),
+)
+_HEADER_PROBE = POS_PHYSICAL_OFFSET + 8
+
+
+@dataclass(slots=True)
+class ScanResult:
+    """Record starts (segment positions) and sizes in a range, plus what was wrong on the way.
+
+    ``stop`` is where the walk ended: the range end, the segment's BLANK, or the end of data.
+    ``end_of_data`` is True when the walk reached zeros that run to the end of the file (the live
+    end of the log) or a BLANK (the segment is full).
+    """
+
+    starts: np.ndarray
+    sizes: np.ndarray
+    findings: list[Finding] = field(default_factory=list)
+    stop: int = 0
+    end_of_data: bool = False
+    blank_at: int | None = None
+
+
+def _is_record_start(buf, pos: int, seg_base: int, seg_size: int) -> bool:
+    if pos + BLANK_HEADER_SIZE > len(buf):
+        return False
+    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    if magic == _MAGIC_BLANK:
+        return size == seg_size - pos
+    if magic != _MAGIC_V1 and magic != _MAGIC_V2:
+        return False
+    if pos + _HEADER_PROBE > len(buf) or size < MIN_MESSAGE_RECORD_SIZE or pos + size > seg_size:
+        return False
+    return _PHYS.unpack_from(buf, pos + POS_PHYSICAL_OFFSET)[0] == seg_base + pos
+
+
+def find_record_start(buf, pos: int, limit: int, seg_base: int, seg_size: int) -> int | None:
+    """First self-identifying record start at or after ``pos`` and before ``limit``, else None.
+
+    Searches for the magic bytes with the buffer's C-level ``find`` (bytes and mmap both have it)
+    and checks each candidate; magic bytes inside bodies are rejected by the offset check.
+    """
+    finder = buf.find if hasattr(buf, "find") else bytes(buf).find
+    limit = min(limit, seg_size)
+    cursor = pos
+    while cursor < limit:
+        best = None
+        for pattern in _PATTERNS:
+            hit = finder(pattern, cursor + 4, limit + 4)
+            if hit >= 0 and (best is None or hit < best):
+                best = hit
+        if best is None:
+            return None
+        cand = best - 4
+        if cand >= pos and _is_record_start(buf, cand, seg_base, seg_size):
+            return cand
+        cursor = cand + 1
+    return None
+
+
+def _last_nonzero(buf, start: int, stop: int) -> int:
+    """Position after the last non-zero byte in ``buf[start:stop]`` (``start`` if all zero)."""
+    view = np.frombuffer(buf, dtype=np.uint8, count=stop - start, offset=start) if stop > start else None
+    if view is None:
+        return start
+    nz = np.flatnonzero(view)
+    return start if nz.size == 0 else start + int(nz[-1]) + 1
+
+
+def scan_records(buf, seg_base: int, seg_size: int, start: int = 0, end: int | None = None,
+                 file_name: str = "", search_first: bool | None = None) -> ScanResult:
+    """Walk the records that start in ``[start, end)`` of one segment held in ``buf``.
+
+    ``buf`` holds the segment from position 0 (an mmap or bytes; it may be shorter than ``seg_size``
+    when the file itself is short, which is reported). ``seg_base`` is the segment's physical start
+    offset. With ``search_first`` (default: ``start != 0``) the first record is located by the
+    self-identifying rule instead of being assumed at ``start``.
+    """
+    data_len = min(len(buf), seg_size)
+    end = data_len if end is None else min(end, data_len)
+    if search_first is None:
+        search_first = start != 0
+    starts = array("q")
+    sizes = array("q")
+    result = ScanResult(np.empty(0, np.int64), np.empty(0, np.int64), stop=start)
+    pos = start
+    if search_first:
+        found = find_record_start(buf, start, end, seg_base, seg_size)
+        if found is None:
+            result.stop = end
+            return result
+        pos = found
+    hdr = _HDR.unpack_from
+    probe_limit = data_len - _HEADER_PROBE
+    while pos < end:
+        if pos <= probe_limit:
+            size, magic, phys = hdr(buf, pos)
+            if ((magic == _MAGIC_V1 or magic == _MAGIC_V2) and size >= MIN_MESSAGE_RECORD_SIZE
+                    and pos + size <= data_len and phys == seg_base + pos):
+                starts.append(pos)
+                sizes.append(size)
+                pos += size
+                continue
+        elif pos + BLANK_HEADER_SIZE <= data_len:
+            size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+            phys = None
+        else:
+            size = magic = phys = None
+        if magic == _MAGIC_BLANK and size == seg_size - pos:
+            result.blank_at = pos
+            result.end_of_data = True
+            pos = seg_size
+            break
+        # The chain is broken at ``pos``: classify, then resynchronise.
+        nxt = find_record_start(buf, pos + 1, data_len, seg_base, seg_size)
+        if nxt is None:
+            tail_end = _last_nonzero(buf, pos, data_len)
+            if tail_end > pos:
+                result.findings.append(Finding(
+                    file_name, pos, fk.TORN_TAIL,
+                    _describe(size, magic, phys, seg_base + pos, data_len - pos)
+                    + "; no valid record follows (torn or partial write at the end of the log)",
+                    bytes_skipped=tail_end - pos, physical_offset=seg_base + pos))
+            result.end_of_data = True
+            pos = data_len
+            break
+        kind = fk.CORRUPT_REGION if not any(np.frombuffer(buf, np.uint8, nxt - pos, pos)) else _kind(size, magic, phys, data_len - pos)
+        detail = ("zeroed region inside the log" if kind == fk.CORRUPT_REGION
+                  else _describe(size, magic, phys, seg_base + pos, data_len - pos))
+        result.findings.append(Finding(file_name, pos, kind, detail + f"; resynchronised at position {nxt}",
+                                       bytes_skipped=nxt - pos, physical_offset=seg_base + pos))
+        pos = nxt
+    if data_len < seg_size and not result.end_of_data and pos >= data_len:
+        result.end_of_data = True
+    result.stop = min(pos, seg_size)
+    result.starts = np.frombuffer(starts, dtype=np.int64) if len(starts) else np.empty(0, np.int64)
+    result.sizes = np.frombuffer(sizes, dtype=np.int64) if len(sizes) else np.empty(0, np.int64)
+    return result
+
+
+def _kind(size, magic, phys, remaining: int) -> str:
+    if magic is None:
+        return fk.TRUNCATED_RECORD
+    if magic not in (_MAGIC_V1, _MAGIC_V2, _MAGIC_BLANK):
+        return fk.BAD_MAGIC
+    if magic == _MAGIC_BLANK:
+        return fk.BAD_SIZE
+    if phys is None:
+        return fk.TRUNCATED_RECORD
+    if size < MIN_MESSAGE_RECORD_SIZE:
+        return fk.BAD_SIZE
+    return fk.TRUNCATED_RECORD if size > remaining else fk.OFFSET_MISMATCH
+
+
+def _describe(size, magic, phys, abs_pos: int, remaining: int) -> str:
+    if magic is None:
+        return f"only {remaining} bytes left, too few for a record header"
+    if magic not in (_MAGIC_V1, _MAGIC_V2, _MAGIC_BLANK):
+        return f"magic 0x{magic & 0xFFFFFFFF:08X} is not a RocketMQ record (TOTALSIZE field {size})"
+    if magic == _MAGIC_BLANK:
+        return f"BLANK record size {size} does not reach the end of the file ({remaining} bytes left)"
+    if phys is None:
+        return f"record header cut off ({remaining} bytes left)"
+    if size < MIN_MESSAGE_RECORD_SIZE:
+        return f"TOTALSIZE {size} is below the minimum {MIN_MESSAGE_RECORD_SIZE}"
+    if size > remaining:
+        return f"TOTALSIZE {size} runs past the end of the file ({remaining} bytes left)"
+    return f"PHYSICALOFFSET field {phys} != record position {abs_pos}"

@@ -1,0 +1,41 @@
+"""The ``messages`` record: one row per CommitLog message record.
+
+``RECORD_SCHEMA`` is what the store decoder (:mod:`broker.store.columnar`) emits and what
+``rocketlake store messages`` prints, field for field; the Delta ``messages`` table uses the same
+names. Columns are (name, Arrow type, description) so docs and Spark DDL derive from one list.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+RECORD_COLUMNS: list[tuple[str, pa.DataType, str]] = [
+    ("commitlog_offset", pa.int64(), "physical offset of the record in the CommitLog"),
+    ("store_size", pa.int32(), "TOTALSIZE: bytes of the whole record"),
+    ("magic_code", pa.int32(), "record magic as a signed int (-626843481 = V1, -626843477 = V2)"),
+    ("body_crc", pa.int32(), "BODYCRC as stored (CRC-32 of the stored body & 0x7FFFFFFF)"),
+    ("body_crc_ok", pa.bool_(), "stored BODYCRC equals the CRC recomputed over the stored body"),
+    ("queue_id", pa.int32(), "queue id in the stored topic"),
+    ("flag", pa.int32(), "user flag"),
+    ("queue_offset", pa.int64(), "logical offset in the ConsumeQueue (0 for PREPARED/ROLLBACK)"),
+    ("sys_flag", pa.int32(), "sysFlag bits as stored"),
+    ("transaction_type", pa.string(), "NOT | PREPARED | COMMIT | ROLLBACK"),
+    ("compression", pa.string(), "NONE | ZLIB | LZ4 | ZSTD"),
+    ("born_timestamp", pa.int64(), "producer clock, epoch ms"),
+    ("store_timestamp", pa.int64(), "broker clock at append, epoch ms"),
+    ("born_host", pa.string(), "producer address 'a.b.c.d:port' or '[v6]:port'"),
+    ("store_host", pa.string(), "broker address 'a.b.c.d:port' or '[v6]:port'"),
+    ("reconsume_times", pa.int32(), "redelivery count"),
+    ("prepared_transaction_offset", pa.int64(), "offset of the half/prepared record for commit/rollback, else 0"),
+    ("topic", pa.string(), "stored topic (SCHEDULE_TOPIC_XXXX, %RETRY%g, … as written)"),
+    ("real_topic", pa.string(), "topic the user sent to (REAL_TOPIC of delayed and half messages)"),
+    ("properties", pa.map_(pa.string(), pa.string()), "all properties, in stored order"),
+    ("keys", pa.list_(pa.string()), "KEYS split on spaces (empty tokens dropped)"),
+    ("tags", pa.string(), "TAGS"),
+    ("uniq_key", pa.string(), "UNIQ_KEY (client message id)"),
+    ("offset_msg_id", pa.string(), "broker message id: store host + physical offset, uppercase hex"),
+    ("body", pa.binary(), "payload as the producer sent it (decompressed)"),
+]
+
+RECORD_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in RECORD_COLUMNS])
+RECORD_FIELD_NAMES = [name for name, _, _ in RECORD_COLUMNS]

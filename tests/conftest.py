@@ -1,0 +1,49 @@
+"""Shared fixtures: the golden Apache RocketMQ store lives in ../shared beside the repository."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GOLDEN_ROOT = REPO_ROOT.parent / "shared" / "golden" / "rocketmq-4.9.8"
+
+
+def _require(path: Path) -> Path:
+    if not path.exists():
+        pytest.fail(
+            f"golden data missing: {path} not found. The tests read ../shared/golden beside the "
+            "repository (as CI lays it out); clone the repo next to the shared/ folder.",
+            pytrace=False,
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def golden_store() -> Path:
+    """Apache RocketMQ 4.9.8's own store (read-only: copy it before damaging it)."""
+    return _require(GOLDEN_ROOT / "store_a")
+
+
+@pytest.fixture(scope="session")
+def golden_expected() -> Path:
+    return _require(GOLDEN_ROOT / "store_a_expected")
+
+
+@pytest.fixture(scope="session")
+def golden_records(golden_expected: Path) -> list[dict]:
+    """What Apache's MessageDecoder read from every commitlog record, in offset order."""
+    with gzip.open(golden_expected / "expected.jsonl.gz", "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+@pytest.fixture(scope="session")
+def golden_meta(golden_expected: Path) -> dict:
+    return json.loads((golden_expected / "expected_meta.json").read_text())
+
+
+def load_expected(golden_expected: Path, name: str) -> dict:
+    return json.loads((golden_expected / name).read_text(encoding="utf-8"))
