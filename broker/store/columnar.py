@@ -39,7 +39,7 @@ from broker.store.constants import (
 from broker.store.crc import crc32
 from broker.store.findings import Finding
 from broker.store.hosts import format_host
-from broker.store.record_scan import scan_records
+from broker.store.record_scan import find_record_start, last_nonzero, scan_records
 from broker.store.topics import WRAPPER_TOPICS
 from schemas.messages import RECORD_SCHEMA
 
@@ -119,8 +119,18 @@ def _view_array(a: np.ndarray, buf: pa.Buffer, pos: np.ndarray, lengths: np.ndar
     return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(views), buf])
 
 
+def _to_utf8(binary: pa.Array) -> pa.Array:
+    """binary → string. Arrow validates UTF-8 here; damaged bytes are decoded with U+FFFD
+    replacement like Java's ``new String(bytes, UTF_8)`` instead of failing the whole chunk."""
+    try:
+        return pc.cast(binary, pa.string())
+    except pa.ArrowInvalid:
+        return pa.array([None if b is None else b.decode("utf-8", "replace") for b in binary.to_pylist()],
+                        pa.string())
+
+
 def _string_slices(data: np.ndarray, buf: pa.Buffer, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
-    return pc.cast(_view_array(data, buf, starts, ends - starts, pa.string_view()), pa.string())
+    return _to_utf8(pc.cast(_view_array(data, buf, starts, ends - starts, pa.binary_view()), pa.binary()))
 
 
 def _hex_ids(addr: np.ndarray, v6: np.ndarray, port: np.ndarray, phys: np.ndarray) -> pa.Array:
@@ -329,7 +339,7 @@ def _decode_chunk(mem: memoryview, a: np.ndarray, buf: pa.Buffer, starts: np.nda
         if flt.max_store_timestamp is not None:
             keep &= store_ts <= flt.max_store_timestamp
     topic = _string_slices(a, buf, p_topic, p_topic + topic_len)
-    props = _Properties(pc.cast(_view_array(a, buf, p_props, props_len, pa.string_view()), pa.string()))
+    props = _Properties(_string_slices(a, buf, p_props, p_props + props_len))
     real_topic_prop = props.value_of(PROPERTY_REAL_TOPIC)
     is_wrapper = pc.is_in(topic, value_set=pa.array(sorted(WRAPPER_TOPICS)))
     real_topic = pc.if_else(pc.and_(is_wrapper, pc.is_valid(real_topic_prop)), real_topic_prop, topic)
@@ -346,7 +356,7 @@ def _decode_chunk(mem: memoryview, a: np.ndarray, buf: pa.Buffer, starts: np.nda
         p_born, p_store, p_reconsume = p_born[rows], p_store[rows], p_reconsume[rows]
         p_body, body_len, p_props, props_len = p_body[rows], body_len[rows], p_props[rows], props_len[rows]
         topic, real_topic = topic.take(sel), real_topic.take(sel)
-        props = _Properties(pc.cast(_view_array(a, buf, p_props, props_len, pa.string_view()), pa.string()))
+        props = _Properties(_string_slices(a, buf, p_props, p_props + props_len))
 
     n = starts.size
     born_addr = _gather(a, p_born, 16)
@@ -416,39 +426,57 @@ def iter_decode(buf, seg_base: int, seg_size: int, start: int = 0, end: int | No
     mem = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
     a = np.frombuffer(mem, dtype=np.uint8)
     pbuf = pa.py_buffer(mem)
+    data_len = min(len(mem), seg_size)
     scan = scan_records(buf, seg_base, seg_size, start, end, file_name, search_first)
-    stats.findings.extend(scan.findings)
+    walk_findings = list(scan.findings)  # from the walk; superseded if a record turns out bad
+    row_findings: list[Finding] = []  # CRC / decompression findings of decoded rows
     starts, sizes = scan.starts, scan.sizes
     stats.stop, stats.end_of_data = scan.stop, scan.end_of_data
     i = 0
-    while i < starts.size:
-        # a chunk: at most batch_rows records and about batch_bytes bytes
-        cum = np.cumsum(sizes[i:i + batch_rows])
-        j = i + max(1, int(np.searchsorted(cum, batch_bytes, side="right")))
-        j = min(j, starts.size)
-        batch, bad = _decode_chunk(mem, a, pbuf, starts[i:j], seg_base, file_name, flt, verify_crc,
-                                   stats.findings)
-        if bad.size:
-            # TOTALSIZE disagrees with the field lengths: report, then re-walk from the next byte.
-            b = i + int(bad[0])
-            pos = int(starts[b])
-            rescan = scan_records(buf, seg_base, seg_size, pos + 1, end, file_name, search_first=True)
-            nxt = int(rescan.starts[0]) if rescan.starts.size else rescan.stop
-            stats.findings.append(Finding(
-                file_name, pos, fk.LENGTH_MISMATCH,
-                f"field lengths do not add up to TOTALSIZE {int(sizes[b])}; resynchronised at position {nxt}",
-                bytes_skipped=nxt - pos, physical_offset=seg_base + pos))
-            stats.findings.extend(rescan.findings)
-            starts = np.concatenate([starts[:b], rescan.starts])
-            sizes = np.concatenate([sizes[:b], rescan.sizes])
-            stats.stop, stats.end_of_data = rescan.stop, rescan.end_of_data
-            continue  # decode [i, b) again, now without the bad record
-        stats.records += j - i
-        stats.bytes_decoded += int(cum[j - i - 1])
-        i = j
-        if batch is not None:
-            stats.rows += batch.num_rows
-            yield batch
+    try:
+        while i < starts.size:
+            # a chunk: at most batch_rows records and about batch_bytes bytes
+            cum = np.cumsum(sizes[i:i + batch_rows])
+            j = min(starts.size, i + max(1, int(np.searchsorted(cum, batch_bytes, side="right"))))
+            batch, bad = _decode_chunk(mem, a, pbuf, starts[i:j], seg_base, file_name, flt, verify_crc,
+                                       row_findings)
+            if bad.size:
+                # TOTALSIZE disagrees with the field lengths, so the walk past this record trusted
+                # a wrong size: drop what it found beyond here and re-walk from the next real start.
+                b = i + int(bad[0])
+                pos = int(starts[b])
+                walk_findings = [f for f in walk_findings if f.offset < pos]
+                nxt = find_record_start(buf, pos + 1, data_len, seg_base, seg_size)
+                if nxt is None:
+                    tail_end = last_nonzero(buf, pos, data_len)
+                    walk_findings.append(Finding(
+                        file_name, pos, fk.TORN_TAIL,
+                        f"field lengths do not add up to TOTALSIZE {int(sizes[b])} and no valid record "
+                        "follows (torn or partial write at the end of the log)",
+                        bytes_skipped=tail_end - pos, physical_offset=seg_base + pos))
+                    starts, sizes = starts[:b], sizes[:b]
+                    stats.stop, stats.end_of_data = data_len, True
+                else:
+                    walk_findings.append(Finding(
+                        file_name, pos, fk.LENGTH_MISMATCH,
+                        f"field lengths do not add up to TOTALSIZE {int(sizes[b])}; resynchronised at "
+                        f"position {nxt}", bytes_skipped=nxt - pos, physical_offset=seg_base + pos))
+                    rescan = scan_records(buf, seg_base, seg_size, nxt, max(nxt, end if end is not None
+                                                                            else data_len),
+                                          file_name, search_first=False)
+                    walk_findings += rescan.findings
+                    starts = np.concatenate([starts[:b], rescan.starts])
+                    sizes = np.concatenate([sizes[:b], rescan.sizes])
+                    stats.stop, stats.end_of_data = rescan.stop, rescan.end_of_data
+                continue  # decode [i, …) again, now without the bad record
+            stats.records += j - i
+            stats.bytes_decoded += int(cum[j - i - 1])
+            i = j
+            if batch is not None:
+                stats.rows += batch.num_rows
+                yield batch
+    finally:
+        stats.findings.extend(sorted(walk_findings + row_findings, key=lambda f: (f.offset, f.kind)))
 
 
 def decode_range(buf, seg_base: int, seg_size: int, start: int = 0, end: int | None = None,

@@ -143,3 +143,7 @@ DEFAULT_MESSAGE_DELAY_LEVEL = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 
 
 # --- topic names -----------------------------------------------------------------------------------
 TOPIC_NAME_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+
+# --- config/*.json persistence (ConfigManager / MixAll.string2File) ----------------------------------
+CONFIG_BACKUP_SUFFIX = ".bak"  # previous content, read when the main file is missing/empty/unparsable
+CONFIG_TEMP_SUFFIX = ".tmp"  # new content before it is renamed over the main file

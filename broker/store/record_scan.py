@@ -88,7 +88,7 @@ def find_record_start(buf, pos: int, limit: int, seg_base: int, seg_size: int) -
     while cursor < limit:
         best = None
         for pattern in _PATTERNS:
-            hit = finder(pattern, cursor + 4, limit + 4)
+            hit = finder(pattern, cursor + 4, limit + 7)  # magic of a start < limit
             if hit >= 0 and (best is None or hit < best):
                 best = hit
         if best is None:
@@ -100,7 +100,7 @@ def find_record_start(buf, pos: int, limit: int, seg_base: int, seg_size: int) -
     return None
 
 
-def _last_nonzero(buf, start: int, stop: int) -> int:
+def last_nonzero(buf, start: int, stop: int) -> int:
     """Position after the last non-zero byte in ``buf[start:stop]`` (``start`` if all zero)."""
     view = np.frombuffer(buf, dtype=np.uint8, count=stop - start, offset=start) if stop > start else None
     if view is None:
@@ -156,7 +156,7 @@ def scan_records(buf, seg_base: int, seg_size: int, start: int = 0, end: int | N
         # The chain is broken at ``pos``: classify, then resynchronise.
         nxt = find_record_start(buf, pos + 1, data_len, seg_base, seg_size)
         if nxt is None:
-            tail_end = _last_nonzero(buf, pos, data_len)
+            tail_end = last_nonzero(buf, pos, data_len)
             if tail_end > pos:
                 result.findings.append(Finding(
                     file_name, pos, fk.TORN_TAIL,
