@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -55,6 +56,7 @@ _HEAD_DTYPE = np.dtype([
 _HEAD_SIZE = _HEAD_DTYPE.itemsize  # 48: everything before the born host
 _MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
 _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+_ARANGE12 = np.arange(12, dtype=np.int32)[None, :]
 _TXN_NAMES = pa.array(TRANSACTION_TYPE_NAMES, pa.string())
 _COMPRESSION_NAMES = pa.array(COMPRESSION_NAMES, pa.string())
 # compression type bits (sysFlag >> 8 & 7) → index into COMPRESSION_NAMES; 0 with the flag = ZLIB
@@ -82,13 +84,24 @@ class DecodeStats:
     bytes_decoded: int = 0
     stop: int = 0  # segment position where the walk ended
     end_of_data: bool = False
+    blank_at: int | None = None  # position of the segment's BLANK record, if the walk reached it
 
 
 def _gather(a: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    """(n, width) bytes starting at each position; positions past the end read the last byte."""
-    idx = pos[:, None] + np.arange(width, dtype=np.int64)
-    np.minimum(idx, a.size - 1, out=idx)
-    return a[idx]
+    """(n, width) bytes starting at each position, as one row-gather over a sliding-window view
+    (an index per row, not per byte). Bytes past the end of ``a`` read as zero."""
+    if a.size < width:
+        a = np.concatenate([a, np.zeros(width - a.size, np.uint8)])
+    windows = sliding_window_view(a, width)
+    last = windows.shape[0] - 1
+    out = windows[np.minimum(pos, last)]
+    tail = np.flatnonzero(pos > last)
+    if tail.size:  # rows that start within ``width`` bytes of the end: shift and zero-fill
+        shift = np.minimum(pos[tail] - last, width)
+        cols = np.arange(width)[None, :] + shift[:, None]
+        padded = np.concatenate([windows[last], np.zeros(width, np.uint8)])
+        out[tail] = padded[np.minimum(cols, 2 * width - 1)]
+    return out
 
 
 def _be(a: np.ndarray, pos: np.ndarray, dtype: str) -> np.ndarray:
@@ -101,21 +114,22 @@ def _view_array(a: np.ndarray, buf: pa.Buffer, pos: np.ndarray, lengths: np.ndar
     """A binary_view/string_view array of ``lengths[i]`` bytes at ``pos[i]`` of ``buf``, no copy.
 
     Arrow's view layout: 16 bytes per value, little-endian length then either the value inline
-    (≤ 12 bytes) or a 4-byte prefix, buffer index and offset.
+    (≤ 12 bytes, zero padded) or a 4-byte prefix, buffer index 0 and the offset into ``buf``.
     """
     n = pos.size
-    views = np.zeros((n, 16), dtype=np.uint8)
     lengths32 = lengths.astype("<i4")
+    head = _gather(a, pos, 12)
+    views = np.empty((n, 16), dtype=np.uint8)
     views[:, 0:4] = lengths32.view(np.uint8).reshape(n, 4)
-    head = _gather(a, pos, 12) if n else np.zeros((0, 12), np.uint8)
     inline = lengths32 <= 12
-    if inline.any():
-        keep = np.arange(12)[None, :] < lengths32[inline, None]
-        views[inline, 4:16] = np.where(keep, head[inline], 0)
-    out = ~inline
-    if out.any():
-        views[out, 4:8] = head[out, 0:4]
-        views[out, 12:16] = pos[out].astype("<i4").view(np.uint8).reshape(-1, 4)
+    if inline.all():
+        views[:, 4:16] = head * (_ARANGE12 < lengths32[:, None])
+    else:
+        views[:, 4:8] = head[:, 0:4]
+        views[:, 8:12] = 0
+        views[:, 12:16] = pos.astype("<i4").view(np.uint8).reshape(n, 4)
+        if inline.any():
+            views[inline, 4:16] = head[inline] * (_ARANGE12 < lengths32[inline, None])
     return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(views), buf])
 
 
@@ -369,10 +383,8 @@ def _decode_chunk(mem: memoryview, a: np.ndarray, buf: pa.Buffer, starts: np.nda
     compression = np.where(compressed, _COMPRESSION_BY_TYPE_BITS[(sys_flag & COMPRESSION_TYPE_MASK) >> 8], 0)
     crc_stored = head["crc"].astype(np.int32)
     if verify_crc:
-        computed = np.fromiter(
-            ((crc32(mem[p:p + ln]) & 0x7FFFFFFF) if ln else 0
-             for p, ln in zip(p_body.tolist(), body_len.tolist())),
-            dtype=np.int64, count=n)
+        computed = np.array([crc32(mem[p:e]) for p, e in zip(p_body.tolist(), (p_body + body_len).tolist())],
+                            dtype=np.int64) & 0x7FFFFFFF  # crc32(b"") is 0, as RocketMQ stores
         crc_ok = computed == crc_stored
         for r in np.flatnonzero(~crc_ok).tolist():
             off = int(phys[r])
@@ -431,7 +443,7 @@ def iter_decode(buf, seg_base: int, seg_size: int, start: int = 0, end: int | No
     walk_findings = list(scan.findings)  # from the walk; superseded if a record turns out bad
     row_findings: list[Finding] = []  # CRC / decompression findings of decoded rows
     starts, sizes = scan.starts, scan.sizes
-    stats.stop, stats.end_of_data = scan.stop, scan.end_of_data
+    stats.stop, stats.end_of_data, stats.blank_at = scan.stop, scan.end_of_data, scan.blank_at
     i = 0
     try:
         while i < starts.size:
@@ -455,7 +467,7 @@ def iter_decode(buf, seg_base: int, seg_size: int, start: int = 0, end: int | No
                         "follows (torn or partial write at the end of the log)",
                         bytes_skipped=tail_end - pos, physical_offset=seg_base + pos))
                     starts, sizes = starts[:b], sizes[:b]
-                    stats.stop, stats.end_of_data = data_len, True
+                    stats.stop, stats.end_of_data, stats.blank_at = data_len, True, None
                 else:
                     walk_findings.append(Finding(
                         file_name, pos, fk.LENGTH_MISMATCH,
@@ -467,7 +479,7 @@ def iter_decode(buf, seg_base: int, seg_size: int, start: int = 0, end: int | No
                     walk_findings += rescan.findings
                     starts = np.concatenate([starts[:b], rescan.starts])
                     sizes = np.concatenate([sizes[:b], rescan.sizes])
-                    stats.stop, stats.end_of_data = rescan.stop, rescan.end_of_data
+                    stats.stop, stats.end_of_data, stats.blank_at = rescan.stop, rescan.end_of_data, rescan.blank_at
                 continue  # decode [i, …) again, now without the bad record
             stats.records += j - i
             stats.bytes_decoded += int(cum[j - i - 1])

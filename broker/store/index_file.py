@@ -89,6 +89,18 @@ def infer_index_geometry(file_size: int) -> tuple[int, int] | None:
     return slots, 4 * slots
 
 
+def _existing_geometry(directory: Path) -> tuple[int, int] | None:
+    """Geometry of the first index file in ``directory`` whose size fits Apache's 1:4 ratio."""
+    if not directory.is_dir():
+        return None
+    for p in sorted(directory.iterdir()):
+        if p.is_file() and parse_index_file_name(p.name) is not None:
+            geometry = infer_index_geometry(p.stat().st_size)
+            if geometry:
+                return geometry
+    return None
+
+
 def build_index_key(topic: str, key: str) -> str:
     """The string that is hashed: ``topic#key`` with the stored topic."""
     return f"{topic}{INDEX_KEY_JOINER}{key}"
@@ -384,8 +396,14 @@ class IndexService:
     remapped writable only when something is indexed. ``clock`` returns epoch ms and names new files.
     """
 
-    def __init__(self, store_dir: str | os.PathLike, max_hash_slot_num: int = DEFAULT_MAX_HASH_SLOT_NUM,
-                 max_index_num: int = DEFAULT_MAX_INDEX_NUM, *, clock: Callable[[], int] | None = None) -> None:
+    def __init__(self, store_dir: str | os.PathLike, max_hash_slot_num: int | None = None,
+                 max_index_num: int | None = None, *, clock: Callable[[], int] | None = None) -> None:
+        if max_hash_slot_num is None or max_index_num is None:
+            # Read the geometry off existing files (a store written with non-default settings must
+            # still open); a new store gets Apache's defaults.
+            geometry = _existing_geometry(Path(store_dir) / INDEX_DIR)
+            max_hash_slot_num = max_hash_slot_num or (geometry[0] if geometry else DEFAULT_MAX_HASH_SLOT_NUM)
+            max_index_num = max_index_num or (geometry[1] if geometry else DEFAULT_MAX_INDEX_NUM)
         if max_hash_slot_num < 1 or max_index_num < 2:
             raise ValueError("an index file needs at least 1 slot and 2 entries (entry 0 is never used)")
         self.directory = Path(store_dir) / INDEX_DIR

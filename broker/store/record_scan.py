@@ -134,13 +134,15 @@ def scan_records(buf, seg_base: int, seg_size: int, start: int = 0, end: int | N
         pos = found
     hdr = _HDR.unpack_from
     probe_limit = data_len - _HEADER_PROBE
+    add_start, add_size = starts.append, sizes.append
+    v1, v2, min_size = _MAGIC_V1, _MAGIC_V2, MIN_MESSAGE_RECORD_SIZE
     while pos < end:
+        # the hot loop: one unpack per record (TOTALSIZE, MAGIC, PHYSICALOFFSET)
         if pos <= probe_limit:
             size, magic, phys = hdr(buf, pos)
-            if ((magic == _MAGIC_V1 or magic == _MAGIC_V2) and size >= MIN_MESSAGE_RECORD_SIZE
-                    and pos + size <= data_len and phys == seg_base + pos):
-                starts.append(pos)
-                sizes.append(size)
+            if (magic == v1 or magic == v2) and phys == seg_base + pos and min_size <= size <= data_len - pos:
+                add_start(pos)
+                add_size(size)
                 pos += size
                 continue
         elif pos + BLANK_HEADER_SIZE <= data_len:
