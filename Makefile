@@ -25,11 +25,11 @@ test: venv java-check
 
 demo: venv java-check
 	rm -rf $(DEMO_DIR)
-	$(BIN)/rocketlake store generate $(DEMO_DIR)/store --messages 20000 --topics 4 --queues 4 --seed 7 --segment-bytes 4194304
+	$(BIN)/rocketlake store generate $(DEMO_DIR)/store --messages 20000 --topics 4 --queues 4 --seed 7 --segment-bytes 4M --index-slots 5000
 	$(BIN)/rocketlake store verify $(DEMO_DIR)/store
 	$(BIN)/rocketlake store queues $(DEMO_DIR)/store
 	$(BIN)/rocketlake store messages $(DEMO_DIR)/store --limit 5 --format table
-	$(BIN)/rocketlake store index $(DEMO_DIR)/store --topic demo-topic-0 --key order-42
+	$(BIN)/rocketlake store index $(DEMO_DIR)/store --topic demo-topic-0 --key order-1
 
 bench-decode: venv
 	$(BIN)/python benchmarks/decode.py

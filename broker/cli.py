@@ -1,0 +1,258 @@
+"""``rocketlake`` command line: one entry point, subcommands delegate to the packages.
+
+Later issues add ``broker``, ``namesrv``, ``ingest``, ``replay`` and ``sql``; this module only parses
+arguments, prints, and sets the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+log = logging.getLogger("rocketlake")
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+
+def _iso_to_ms(text: str) -> int:
+    """ISO-8601 date/time (naive = UTC) or epoch milliseconds → epoch ms."""
+    if text.isdigit():
+        return int(text)
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO-8601 time (e.g. 2026-11-01T12:00:00Z) "
+                                         "or epoch milliseconds") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1000)
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def _size(text: str) -> int:
+    """Bytes, with an optional K/M/G suffix (binary)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = units.get(t[-1:], 1)
+    number = t[:-1] if t[-1:] in units else t
+    try:
+        value = int(float(number) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 1073741824, 64M, 1G)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("size must be > 0")
+    return value
+
+
+def _store_dir(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"store directory {text!r} does not exist")
+    if not (path / "commitlog").is_dir() and not (path / "consumequeue").is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a RocketMQ store (no commitlog/ or consumequeue/ inside)")
+    return path
+
+
+def _print_findings(findings, stream=sys.stderr) -> None:
+    for f in findings:
+        print(f"finding: {f}", file=stream)
+
+
+# ---- store subcommands ---------------------------------------------------------------------------
+def cmd_store_messages(args: argparse.Namespace) -> int:
+    from broker.store.inspect import MessageQuery, iter_messages, json_row
+
+    query = MessageQuery(args.topic, args.since, args.until, args.from_offset, args.limit)
+    out = sys.stdout
+    if args.format == "table":
+        header = f"{'OFFSET':>12} {'STORE TIME (UTC)':<23} {'TOPIC':<24} {'QID':>3} {'QOFFSET':>8} " \
+                 f"{'TAGS':<10} {'KEYS':<28} BODY"
+        print(header, file=out)
+    for row in iter_messages(args.store, query):
+        if args.format == "jsonl":
+            out.write(json.dumps(json_row(row), ensure_ascii=False) + "\n")
+        else:
+            ts = datetime.fromtimestamp(row["store_timestamp"] / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+            body = row["body"][:40].decode("utf-8", "replace").replace("\n", " ")
+            print(f"{row['commitlog_offset']:>12} {ts:<23} {row['topic'][:24]:<24} {row['queue_id']:>3} "
+                  f"{row['queue_offset']:>8} {(row['tags'] or '')[:10]:<10} {' '.join(row['keys'])[:28]:<28} {body}",
+                  file=out)
+    _print_findings(query.findings)
+    return EXIT_OK
+
+
+def cmd_store_queues(args: argparse.Namespace) -> int:
+    from broker.store.inspect import queue_summaries, queue_units
+
+    findings: list = []
+    summaries = queue_summaries(args.store, args.topic, findings)
+    if args.topic and not summaries:
+        print(f"error: topic {args.topic!r} has no consume queues in {args.store}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.format == "json":
+        for s in summaries:
+            print(json.dumps({"topic": s.topic, "queue_id": s.queue_id, "min_offset": s.min_offset,
+                              "max_offset": s.max_offset, "messages": s.messages}, ensure_ascii=False))
+    else:
+        print(f"{'TOPIC':<32} {'QID':>4} {'MIN':>10} {'MAX':>10} {'MESSAGES':>10}")
+        for s in summaries:
+            print(f"{s.topic:<32} {s.queue_id:>4} {s.min_offset:>10} {s.max_offset:>10} {s.messages:>10}")
+    if args.units:
+        for s in summaries:
+            for unit in queue_units(args.store, s.topic, s.queue_id):
+                print(json.dumps(unit, ensure_ascii=False))
+    _print_findings(findings)
+    return EXIT_OK
+
+
+def cmd_store_index(args: argparse.Namespace) -> int:
+    from broker.store.inspect import json_row, query_key
+
+    rows = query_key(args.store, args.topic, args.key, args.begin or 0,
+                     args.end if args.end is not None else (1 << 63) - 1)
+    for row in rows:
+        print(json.dumps(json_row(row), ensure_ascii=False))
+    print(f"{len(rows)} message(s) with key {args.key!r} in topic {args.topic!r}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_store_verify(args: argparse.Namespace) -> int:
+    from broker.store.verify import verify_store
+
+    report = verify_store(args.store, segment_size=args.segment_bytes,
+                          progress=(lambda m: log.info("%s", m)))
+    if args.format == "json":
+        for f in report.findings:
+            print(json.dumps(f.to_dict(), ensure_ascii=False))
+    else:
+        for f in report.findings:
+            print(f)
+    print(report.summary(), file=sys.stderr)
+    return EXIT_OK if report.ok else EXIT_FINDINGS
+
+
+def cmd_store_generate(args: argparse.Namespace) -> int:
+    from broker.store.generate import GenerateSpec, generate_store
+
+    try:
+        spec = GenerateSpec(messages=args.messages, body_bytes=args.body_bytes, topics=args.topics,
+                            queues=args.queues, seed=args.seed, segment_bytes=args.segment_bytes,
+                            **({"index_slots": args.index_slots, "index_entries": 4 * args.index_slots}
+                               if args.index_slots else {}))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    def progress(done: int, total: int) -> None:
+        print(f"\rgenerating: {done}/{total} messages ({100 * done // max(total, 1)}%)", end="",
+              file=sys.stderr, flush=True)
+
+    try:
+        result = generate_store(args.store, spec, progress=progress if sys.stderr.isatty() else None)
+    except FileExistsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    mb = result.bytes / 1e6
+    print(f"\rgenerated {result.messages} messages, {mb:.1f} MB of commitlog in {result.seconds:.1f} s "
+          f"({mb / max(result.seconds, 1e-9):.0f} MB/s) into {args.store}", file=sys.stderr)
+    return EXIT_OK
+
+
+# ---- parser ----------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rocketlake", description="Batch analytics and replay over Apache RocketMQ broker stores.")
+    parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="logging level (default WARNING)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    store = sub.add_parser("store", help="inspect, verify or generate a broker store offline",
+                           description="Offline tools for an Apache RocketMQ store directory (broker up or down).")
+    ssub = store.add_subparsers(dest="store_command", required=True, metavar="SUBCOMMAND")
+
+    p = ssub.add_parser("messages", help="dump messages as JSON lines or a table",
+                        description="One JSON object per CommitLog message record, in offset order.")
+    p.add_argument("store", type=_store_dir, metavar="STORE_DIR")
+    p.add_argument("--topic", help="only this topic (stored topic or, for delayed/half messages, the real topic)")
+    p.add_argument("--since", type=_iso_to_ms, help="store time >= this (ISO-8601, UTC if no zone, or epoch ms)")
+    p.add_argument("--until", type=_iso_to_ms, help="store time <= this (ISO-8601 or epoch ms)")
+    p.add_argument("--from-offset", type=_non_negative, help="start at this commitlog offset")
+    p.add_argument("--limit", type=_positive, help="stop after N messages")
+    p.add_argument("--format", choices=["jsonl", "table"], default="jsonl")
+    p.set_defaults(func=cmd_store_messages)
+
+    p = ssub.add_parser("queues", help="min/max offsets per topic and queue",
+                        description="ConsumeQueue min/max logical offsets per topic/queue.")
+    p.add_argument("store", type=_store_dir, metavar="STORE_DIR")
+    p.add_argument("--topic")
+    p.add_argument("--units", action="store_true", help="also print every unit as a JSON line")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.set_defaults(func=cmd_store_queues)
+
+    p = ssub.add_parser("index", help="look messages up by key through the IndexFiles",
+                        description="Messages whose KEYS or UNIQ_KEY equal KEY (like mqadmin queryMsgByKey, no 64-result cap).")
+    p.add_argument("store", type=_store_dir, metavar="STORE_DIR")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--key", required=True)
+    p.add_argument("--begin", type=_iso_to_ms, help="store time >= this")
+    p.add_argument("--end", type=_iso_to_ms, help="store time <= this")
+    p.set_defaults(func=cmd_store_index)
+
+    p = ssub.add_parser("verify", help="check CRCs, CQ/CommitLog agreement and torn tails (exit 1 on findings)",
+                        description="Integrity check. Prints one finding per line (file@offset: kind: detail); exit 1 if any.")
+    p.add_argument("store", type=_store_dir, metavar="STORE_DIR")
+    p.add_argument("--segment-bytes", type=_size, help="commitlog file size if it cannot be read off the files")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(func=cmd_store_verify)
+
+    p = ssub.add_parser("generate", help="write a synthetic, realistic store",
+                        description="Generate a store (CommitLog, ConsumeQueue, IndexFile, config, checkpoint).")
+    p.add_argument("store", type=Path, metavar="STORE_DIR")
+    p.add_argument("--messages", type=_non_negative, required=True)
+    p.add_argument("--body-bytes", type=_non_negative, default=1024, help="average body size (default 1024)")
+    p.add_argument("--topics", type=_positive, default=4)
+    p.add_argument("--queues", type=_positive, default=4)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--segment-bytes", type=_size, default=1 << 30, help="commitlog file size (default 1G)")
+    p.add_argument("--index-slots", type=_positive,
+                   help="index hash slots per file (entries = 4 x slots; default Apache's 5,000,000)")
+    p.set_defaults(func=cmd_store_generate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `rocketlake store messages … | head`
+        sys.stderr.close()
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
