@@ -12,6 +12,7 @@ need them (IPv6 host text, compressed bodies, duplicate property names).
 from __future__ import annotations
 
 import logging
+from socket import AF_INET6, inet_ntop
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -28,8 +29,10 @@ from broker.store.constants import (
     COMPRESSION_NAMES,
     COMPRESSION_TYPE_MASK,
     MESSAGE_MAGIC_CODE_V2,
+    NAME_VALUE_SEPARATOR,
     PROPERTY_KEYS,
     PROPERTY_REAL_TOPIC,
+    PROPERTY_SEPARATOR,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     STOREHOSTADDRESS_V6_FLAG,
@@ -39,7 +42,6 @@ from broker.store.constants import (
 )
 from broker.store.crc import crc32
 from broker.store.findings import Finding
-from broker.store.hosts import format_host
 from broker.store.record_scan import find_record_start, last_nonzero, scan_records
 from broker.store.topics import WRAPPER_TOPICS
 from schemas.messages import RECORD_SCHEMA
@@ -49,11 +51,20 @@ log = logging.getLogger(__name__)
 DEFAULT_BATCH_ROWS = 32_768
 DEFAULT_BATCH_BYTES = 64 * 1024 * 1024  # keeps int32 Arrow offsets and temporaries small
 
-_HEAD_DTYPE = np.dtype([
+_HEAD_SIZE = 48  # everything before the born host
+# The first 88 bytes of a record whose two hosts are IPv4: header, hosts, store time, reconsume
+# times, prepared offset and body length (store-format.md 3.3).
+_FIXED_V4_DTYPE = np.dtype([
     ("size", ">i4"), ("magic", ">i4"), ("crc", ">i4"), ("queue_id", ">i4"), ("flag", ">i4"),
     ("queue_offset", ">i8"), ("phys", ">i8"), ("sys_flag", ">i4"), ("born_ts", ">i8"),
+    ("born_addr", "u1", (4,)), ("born_port", ">i4"), ("store_ts", ">i8"), ("store_addr", "u1", (4,)),
+    ("store_port", ">i4"), ("reconsume", ">i4"), ("prepared", ">i8"), ("body_len", ">i4"),
 ])
-_HEAD_SIZE = _HEAD_DTYPE.itemsize  # 48: everything before the born host
+_FIXED_V4_SIZE = _FIXED_V4_DTYPE.itemsize
+_NATIVE = {name: (np.uint8 if _FIXED_V4_DTYPE[name].subdtype else _FIXED_V4_DTYPE[name].newbyteorder("="))
+           for name in _FIXED_V4_DTYPE.names}
+_V4_MASK = np.array([1, 1, 1, 1] + [0] * 12, dtype=np.uint8)[None, :]
+_WRAPPER_TOPICS = pa.array(sorted(WRAPPER_TOPICS), pa.string())
 _MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
 _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 _ARANGE12 = np.arange(12, dtype=np.int32)[None, :]
@@ -81,7 +92,7 @@ class DecodeStats:
     findings: list[Finding] = field(default_factory=list)
     records: int = 0
     rows: int = 0
-    bytes_decoded: int = 0
+    bytes_decoded: int = 0  # bytes walked over by decoded records (incl. any skipped region after one)
     stop: int = 0  # segment position where the walk ended
     end_of_data: bool = False
     blank_at: int | None = None  # position of the segment's BLANK record, if the walk reached it
@@ -176,7 +187,7 @@ def _host_strings(addr: np.ndarray, v6: np.ndarray, port: np.ndarray) -> pa.Arra
     text = pc.binary_join_element_wise(text, pc.cast(pa.array(port), pa.string()), ":")
     if v6.any():
         rows = np.flatnonzero(v6)
-        v6_text = [format_host(addr[i].tobytes(), int(port[i])) for i in rows.tolist()]
+        v6_text = [f"[{inet_ntop(AF_INET6, addr[i].tobytes())}]:{int(port[i])}" for i in rows.tolist()]
         text = pc.replace_with_mask(text, pa.array(v6), pa.array(v6_text, pa.string()))
     return text
 
@@ -186,39 +197,29 @@ def _take_or_null(values: pa.Array, index: np.ndarray) -> pa.Array:
 
 
 class _Properties:
-    """Properties of a chunk split into (message, name, value) entries with Apache's rules."""
+    """Properties of a chunk split into (message, name, value) entries with Apache's rules.
+
+    Arrow's C++ string kernels do the splitting: on ``0x02`` into entries, then each entry on its
+    first ``0x01`` into name and value; entries with an empty name or value are dropped (as
+    ``string2messageProperties`` does) and a value may itself contain ``0x01``.
+    """
 
     def __init__(self, props: pa.StringArray) -> None:
-        n = len(props)
-        offsets = np.frombuffer(props.buffers()[1], dtype=np.int32, count=n + 1, offset=props.offset * 4)
-        self.n = n
-        base = int(offsets[0])
-        offs = (offsets - base).astype(np.int64)
-        buf = props.buffers()[2]
-        total = int(offs[-1])
-        data = (np.frombuffer(buf, dtype=np.uint8, count=total, offset=base) if total
-                else np.zeros(1, np.uint8))
-        self._buf = buf.slice(base, total) if total else pa.py_buffer(b"\0")
-        seps = np.flatnonzero(data[:total] == 2)
-        msg_of_sep = np.searchsorted(offs, seps, side="right") - 1
-        starts = np.concatenate([offs[:-1], seps + 1])
-        msgs = np.concatenate([np.arange(n, dtype=np.int64), msg_of_sep])
-        order = np.argsort((msgs << 32) | starts, kind="stable")
-        starts, msgs = starts[order], msgs[order]
-        nxt = np.searchsorted(seps, starts)
-        next_sep = np.where(nxt < seps.size, seps[np.minimum(nxt, max(seps.size - 1, 0))] if seps.size else 0,
-                            np.iinfo(np.int64).max)
-        ends = np.minimum(next_sep, offs[msgs + 1])
-        ones = np.flatnonzero(data[:total] == 1)
-        k = np.searchsorted(ones, starts)
-        first_one = np.where(k < ones.size, ones[np.minimum(k, max(ones.size - 1, 0))] if ones.size else 0,
-                             np.iinfo(np.int64).max)
-        valid = (first_one > starts) & (first_one < ends - 1)
-        self.msg = msgs[valid]
-        self.name_start, self.sep = starts[valid], first_one[valid]
-        self.value_end = ends[valid]
-        self.names = _string_slices(data, self._buf, self.name_start, self.sep)
-        self.values = _string_slices(data, self._buf, self.sep + 1, self.value_end)
+        self.n = n = len(props)
+        entries = pc.split_pattern(props, PROPERTY_SEPARATOR)
+        msgs = np.asarray(pc.list_parent_indices(entries))
+        pairs = pc.split_pattern(pc.list_flatten(entries), NAME_VALUE_SEPARATOR, max_splits=1)
+        tokens = pc.list_flatten(pairs)
+        offsets = np.asarray(pairs.offsets)
+        first = offsets[:-1] - offsets[0]
+        token_len = np.asarray(pc.binary_length(tokens))
+        valid = np.diff(offsets) == 2
+        cand = first[valid]
+        valid[valid] = (token_len[cand] > 0) & (token_len[cand + 1] > 0)
+        name_idx = first[valid]
+        self.msg = msgs[valid].astype(np.int64)
+        self.names = tokens.take(pa.array(name_idx))
+        self.values = tokens.take(pa.array(name_idx + 1))
         self._dedupe()
 
     def _dedupe(self) -> None:
@@ -248,8 +249,7 @@ class _Properties:
                     if codes[r] in seen:
                         keep[r] = False
                     seen.add(int(codes[r]))
-            self.msg, self.name_start, self.sep, self.value_end = (
-                self.msg[keep], self.name_start[keep], self.sep[keep], self.value_end[keep])
+            self.msg = self.msg[keep]
             self.names = self.names.filter(pa.array(keep))
             self.values = self.values.filter(pa.array(keep))
             codes = codes[keep]
@@ -312,36 +312,68 @@ def _bodies(mem: memoryview, a: np.ndarray, buf: pa.Buffer, pos: np.ndarray, len
     return pc.replace_with_mask(stored, pa.array(mask), pa.array(plain, pa.binary()))
 
 
+def _fixed_fields(a: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
+    """Every field before the body, for all records at once.
+
+    One 88-byte gather per record with a big-endian structured dtype covers the usual layout (two
+    IPv4 hosts); rows with an IPv6 host (wider host fields) are re-read field by field.
+    """
+    rows = _gather(a, starts, _FIXED_V4_SIZE).view(_FIXED_V4_DTYPE).reshape(-1)
+    f = {name: rows[name].astype(_NATIVE[name]) for name in _FIXED_V4_DTYPE.names}
+    born_addr = np.zeros((starts.size, 16), np.uint8)
+    store_addr = np.zeros((starts.size, 16), np.uint8)
+    born_addr[:, :4] = rows["born_addr"]
+    store_addr[:, :4] = rows["store_addr"]
+    f["born_v6"] = (f["sys_flag"] & BORNHOST_V6_FLAG) != 0
+    f["store_v6"] = (f["sys_flag"] & STOREHOSTADDRESS_V6_FLAG) != 0
+    wide = np.flatnonzero(f["born_v6"] | f["store_v6"])
+    if wide.size:
+        s, bv6, sv6 = starts[wide], f["born_v6"][wide], f["store_v6"][wide]
+        p_born = s + _HEAD_SIZE
+        p_store_ts = p_born + np.where(bv6, 20, 8)
+        p_store = p_store_ts + 8
+        p_reconsume = p_store + np.where(sv6, 20, 8)
+        born_addr[wide] = _gather(a, p_born, 16) * np.where(bv6[:, None], 1, _V4_MASK).astype(np.uint8)
+        store_addr[wide] = _gather(a, p_store, 16) * np.where(sv6[:, None], 1, _V4_MASK).astype(np.uint8)
+        f["born_port"][wide] = _be(a, p_born + np.where(bv6, 16, 4), ">i4")
+        f["store_ts"][wide] = _be(a, p_store_ts, ">i8")
+        f["store_port"][wide] = _be(a, p_store + np.where(sv6, 16, 4), ">i4")
+        f["reconsume"][wide] = _be(a, p_reconsume, ">i4")
+        f["prepared"][wide] = _be(a, p_reconsume + 4, ">i8")
+        f["body_len"][wide] = _be(a, p_reconsume + 12, ">i4")
+        f["p_body"] = starts + _FIXED_V4_SIZE
+        f["p_body"][wide] = p_reconsume + 16
+    else:
+        f["p_body"] = starts + _FIXED_V4_SIZE
+    f["born_addr"], f["store_addr"] = born_addr, store_addr
+    return f
+
+
 def _decode_chunk(mem: memoryview, a: np.ndarray, buf: pa.Buffer, starts: np.ndarray, seg_base: int,
                   file_name: str, flt: DecodeFilter | None, verify_crc: bool,
                   findings: list[Finding]) -> tuple[pa.RecordBatch | None, np.ndarray]:
     """Decode records at ``starts``. Returns the batch (None if every row was filtered out) and the
     indices of records whose field lengths do not add up to TOTALSIZE (to be re-walked)."""
-    head = _gather(a, starts, _HEAD_SIZE).view(_HEAD_DTYPE).reshape(-1)
-    size = head["size"].astype(np.int64)
-    sys_flag = head["sys_flag"].astype(np.int32)
-    born_v6 = (sys_flag & BORNHOST_V6_FLAG) != 0
-    store_v6 = (sys_flag & STOREHOSTADDRESS_V6_FLAG) != 0
-    p_born = starts + _HEAD_SIZE
-    p_store_ts = p_born + np.where(born_v6, 20, 8)
-    p_store = p_store_ts + 8
-    p_reconsume = p_store + np.where(store_v6, 20, 8)
-    p_body_len = p_reconsume + 12
-    body_len = _be(a, p_body_len, ">i4").astype(np.int64)
-    p_body = p_body_len + 4
-    v2 = head["magic"] == _MAGIC_V2
-    p_topic_len = p_body + np.maximum(body_len, 0)
-    topic_len = np.where(v2, _be(a, p_topic_len, ">i2"), _be(a, p_topic_len, ">i1")).astype(np.int64)
-    p_topic = p_topic_len + np.where(v2, 2, 1)
+    f = _fixed_fields(a, starts)
+    body_len = f["body_len"].astype(np.int64)
+    p_topic_len = f["p_body"] + np.maximum(body_len, 0)
+    v2 = np.flatnonzero(f["magic"] == _MAGIC_V2)
+    topic_len = _be(a, p_topic_len, ">i1").astype(np.int64)
+    topic_width = np.ones(starts.size, np.int64)
+    if v2.size:
+        topic_len[v2] = _be(a, p_topic_len[v2], ">i2")
+        topic_width[v2] = 2
+    p_topic = p_topic_len + topic_width
     p_props_len = p_topic + np.maximum(topic_len, 0)
     props_len = _be(a, p_props_len, ">i2").astype(np.int64)
     p_props = p_props_len + 2
-    bad = np.flatnonzero((body_len < 0) | (topic_len < 0) | (props_len < 0) | (p_props + props_len != starts + size))
+    bad = np.flatnonzero((body_len < 0) | (topic_len < 0) | (props_len < 0)
+                         | (p_props + props_len != starts + f["size"]))
     if bad.size:
         return None, bad
+    f.update(body_len=body_len, p_topic=p_topic, topic_len=topic_len, p_props=p_props, props_len=props_len)
 
-    phys = head["phys"].astype(np.int64)
-    store_ts = _be(a, p_store_ts, ">i8")
+    phys, store_ts = f["phys"], f["store_ts"]
     keep = np.ones(starts.size, dtype=bool)
     if flt is not None:
         if flt.min_offset is not None:
@@ -352,10 +384,12 @@ def _decode_chunk(mem: memoryview, a: np.ndarray, buf: pa.Buffer, starts: np.nda
             keep &= store_ts >= flt.min_store_timestamp
         if flt.max_store_timestamp is not None:
             keep &= store_ts <= flt.max_store_timestamp
+        if not keep.any():
+            return None, bad
     topic = _string_slices(a, buf, p_topic, p_topic + topic_len)
     props = _Properties(_string_slices(a, buf, p_props, p_props + props_len))
     real_topic_prop = props.value_of(PROPERTY_REAL_TOPIC)
-    is_wrapper = pc.is_in(topic, value_set=pa.array(sorted(WRAPPER_TOPICS)))
+    is_wrapper = pc.is_in(topic, value_set=_WRAPPER_TOPICS)
     real_topic = pc.if_else(pc.and_(is_wrapper, pc.is_valid(real_topic_prop)), real_topic_prop, topic)
     if flt is not None and flt.topics is not None:
         wanted = pa.array(sorted(flt.topics), pa.string())
@@ -364,63 +398,56 @@ def _decode_chunk(mem: memoryview, a: np.ndarray, buf: pa.Buffer, starts: np.nda
         rows = np.flatnonzero(keep)
         if rows.size == 0:
             return None, bad
+        f = {k: v[rows] for k, v in f.items()}
         sel = pa.array(rows)
-        starts, size, sys_flag, born_v6, store_v6 = starts[rows], size[rows], sys_flag[rows], born_v6[rows], store_v6[rows]
-        head, phys, store_ts = head[rows], phys[rows], store_ts[rows]
-        p_born, p_store, p_reconsume = p_born[rows], p_store[rows], p_reconsume[rows]
-        p_body, body_len, p_props, props_len = p_body[rows], body_len[rows], p_props[rows], props_len[rows]
         topic, real_topic = topic.take(sel), real_topic.take(sel)
-        props = _Properties(_string_slices(a, buf, p_props, p_props + props_len))
+        props = _Properties(_string_slices(a, buf, f["p_props"], f["p_props"] + f["props_len"]))
 
-    n = starts.size
-    born_addr = _gather(a, p_born, 16)
-    store_addr = _gather(a, p_store, 16)
-    born_port = _be(a, p_born + np.where(born_v6, 16, 4), ">i4")
-    store_port = _be(a, p_store + np.where(store_v6, 16, 4), ">i4")
-    reconsume = _be(a, p_reconsume, ">i4")
-    prepared = _be(a, p_reconsume + 4, ">i8")
+    n = f["phys"].size
+    sys_flag = f["sys_flag"]
     compressed = (sys_flag & COMPRESSED_FLAG) != 0
     compression = np.where(compressed, _COMPRESSION_BY_TYPE_BITS[(sys_flag & COMPRESSION_TYPE_MASK) >> 8], 0)
-    crc_stored = head["crc"].astype(np.int32)
+    crc_stored = f["crc"]
+    p_body, body_len = f["p_body"], f["body_len"]
     if verify_crc:
         computed = np.array([crc32(mem[p:e]) for p, e in zip(p_body.tolist(), (p_body + body_len).tolist())],
                             dtype=np.int64) & 0x7FFFFFFF  # crc32(b"") is 0, as RocketMQ stores
         crc_ok = computed == crc_stored
         for r in np.flatnonzero(~crc_ok).tolist():
-            off = int(phys[r])
+            off = int(f["phys"][r])
             findings.append(Finding(file_name, off - seg_base, fk.CRC_MISMATCH,
                                     f"BODYCRC {int(crc_stored[r])} != computed {int(computed[r])}",
                                     physical_offset=off))
     else:
         crc_ok = np.ones(n, dtype=bool)
     columns = {
-        "commitlog_offset": pa.array(phys, pa.int64()),
-        "store_size": pa.array(size.astype(np.int32)),
-        "magic_code": pa.array(head["magic"].astype(np.int32)),
+        "commitlog_offset": pa.array(f["phys"]),
+        "store_size": pa.array(f["size"]),
+        "magic_code": pa.array(f["magic"]),
         "body_crc": pa.array(crc_stored),
         "body_crc_ok": pa.array(crc_ok),
-        "queue_id": pa.array(head["queue_id"].astype(np.int32)),
-        "flag": pa.array(head["flag"].astype(np.int32)),
-        "queue_offset": pa.array(head["queue_offset"].astype(np.int64)),
+        "queue_id": pa.array(f["queue_id"]),
+        "flag": pa.array(f["flag"]),
+        "queue_offset": pa.array(f["queue_offset"]),
         "sys_flag": pa.array(sys_flag),
         "transaction_type": _TXN_NAMES.take(pa.array((sys_flag & TRANSACTION_TYPE_MASK) >> 2)),
         "compression": _COMPRESSION_NAMES.take(pa.array(compression.astype(np.int32))),
-        "born_timestamp": pa.array(head["born_ts"].astype(np.int64)),
-        "store_timestamp": pa.array(store_ts),
-        "born_host": _host_strings(born_addr, born_v6, born_port),
-        "store_host": _host_strings(store_addr, store_v6, store_port),
-        "reconsume_times": pa.array(reconsume),
-        "prepared_transaction_offset": pa.array(prepared),
+        "born_timestamp": pa.array(f["born_ts"]),
+        "store_timestamp": pa.array(f["store_ts"]),
+        "born_host": _host_strings(f["born_addr"], f["born_v6"], f["born_port"]),
+        "store_host": _host_strings(f["store_addr"], f["store_v6"], f["store_port"]),
+        "reconsume_times": pa.array(f["reconsume"]),
+        "prepared_transaction_offset": pa.array(f["prepared"]),
         "topic": topic,
         "real_topic": real_topic,
         "properties": props.map_array(),
         "keys": _split_keys(props.value_of(PROPERTY_KEYS)),
         "tags": props.value_of(PROPERTY_TAGS),
         "uniq_key": props.value_of(PROPERTY_UNIQ_KEY),
-        "offset_msg_id": _hex_ids(store_addr, store_v6, store_port, phys),
-        "body": _bodies(mem, a, buf, p_body, body_len, compression, phys, file_name, seg_base, findings),
+        "offset_msg_id": _hex_ids(f["store_addr"], f["store_v6"], f["store_port"], f["phys"]),
+        "body": _bodies(mem, a, buf, p_body, body_len, compression, f["phys"], file_name, seg_base, findings),
     }
-    return pa.RecordBatch.from_arrays([columns[f.name] for f in RECORD_SCHEMA], schema=RECORD_SCHEMA), bad
+    return pa.RecordBatch.from_arrays([columns[c.name] for c in RECORD_SCHEMA], schema=RECORD_SCHEMA), bad
 
 
 def iter_decode(buf, seg_base: int, seg_size: int, start: int = 0, end: int | None = None, *,
@@ -457,13 +484,14 @@ def iter_decode(buf, seg_base: int, seg_size: int, start: int = 0, end: int | No
                 # a wrong size: drop what it found beyond here and re-walk from the next real start.
                 b = i + int(bad[0])
                 pos = int(starts[b])
+                total_size = int.from_bytes(mem[pos:pos + 4], "big", signed=True)
                 walk_findings = [f for f in walk_findings if f.offset < pos]
                 nxt = find_record_start(buf, pos + 1, data_len, seg_base, seg_size)
                 if nxt is None:
                     tail_end = last_nonzero(buf, pos, data_len)
                     walk_findings.append(Finding(
                         file_name, pos, fk.TORN_TAIL,
-                        f"field lengths do not add up to TOTALSIZE {int(sizes[b])} and no valid record "
+                        f"field lengths do not add up to TOTALSIZE {total_size} and no valid record "
                         "follows (torn or partial write at the end of the log)",
                         bytes_skipped=tail_end - pos, physical_offset=seg_base + pos))
                     starts, sizes = starts[:b], sizes[:b]
@@ -471,7 +499,7 @@ def iter_decode(buf, seg_base: int, seg_size: int, start: int = 0, end: int | No
                 else:
                     walk_findings.append(Finding(
                         file_name, pos, fk.LENGTH_MISMATCH,
-                        f"field lengths do not add up to TOTALSIZE {int(sizes[b])}; resynchronised at "
+                        f"field lengths do not add up to TOTALSIZE {total_size}; resynchronised at "
                         f"position {nxt}", bytes_skipped=nxt - pos, physical_offset=seg_base + pos))
                     rescan = scan_records(buf, seg_base, seg_size, nxt, max(nxt, end if end is not None
                                                                             else data_len),

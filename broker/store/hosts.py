@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 import struct
 from dataclasses import dataclass
 
@@ -56,4 +57,4 @@ def format_host(address: bytes, port: int) -> str:
     """``a.b.c.d:port`` for IPv4, ``[compressed v6]:port`` for IPv6 (RFC 5952 text)."""
     if len(address) == 4:
         return f"{address[0]}.{address[1]}.{address[2]}.{address[3]}:{port}"
-    return f"[{ipaddress.IPv6Address(address).compressed}]:{port}"
+    return f"[{socket.inet_ntop(socket.AF_INET6, address)}]:{port}"

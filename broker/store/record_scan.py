@@ -48,7 +48,10 @@ _HEADER_PROBE = POS_PHYSICAL_OFFSET + 8
 
 @dataclass(slots=True)
 class ScanResult:
-    """Record starts (segment positions) and sizes in a range, plus what was wrong on the way.
+    """Record starts (segment positions) in a range, plus what was wrong on the way.
+
+    ``sizes`` is the distance from each start to the next one (TOTALSIZE, except before a skipped
+    corrupt region); it is used to cut the work into chunks, not as a field value.
 
     ``stop`` is where the walk ended: the range end, the segment's BLANK, or the end of data.
     ``end_of_data`` is True when the walk reached zeros that run to the end of the file (the live
@@ -123,7 +126,6 @@ def scan_records(buf, seg_base: int, seg_size: int, start: int = 0, end: int | N
     if search_first is None:
         search_first = start != 0
     starts = array("q")
-    sizes = array("q")
     result = ScanResult(np.empty(0, np.int64), np.empty(0, np.int64), stop=start)
     pos = start
     if search_first:
@@ -134,16 +136,17 @@ def scan_records(buf, seg_base: int, seg_size: int, start: int = 0, end: int | N
         pos = found
     hdr = _HDR.unpack_from
     probe_limit = data_len - _HEADER_PROBE
-    add_start, add_size = starts.append, sizes.append
+    add_start = starts.append
     v1, v2, min_size = _MAGIC_V1, _MAGIC_V2, MIN_MESSAGE_RECORD_SIZE
+    last_end = pos
     while pos < end:
         # the hot loop: one unpack per record (TOTALSIZE, MAGIC, PHYSICALOFFSET)
         if pos <= probe_limit:
             size, magic, phys = hdr(buf, pos)
             if (magic == v1 or magic == v2) and phys == seg_base + pos and min_size <= size <= data_len - pos:
                 add_start(pos)
-                add_size(size)
                 pos += size
+                last_end = pos
                 continue
         elif pos + BLANK_HEADER_SIZE <= data_len:
             size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
@@ -177,8 +180,11 @@ def scan_records(buf, seg_base: int, seg_size: int, start: int = 0, end: int | N
     if data_len < seg_size and not result.end_of_data and pos >= data_len:
         result.end_of_data = True
     result.stop = min(pos, seg_size)
-    result.starts = np.frombuffer(starts, dtype=np.int64) if len(starts) else np.empty(0, np.int64)
-    result.sizes = np.frombuffer(sizes, dtype=np.int64) if len(sizes) else np.empty(0, np.int64)
+    if len(starts):
+        result.starts = np.frombuffer(starts, dtype=np.int64)
+        result.sizes = np.diff(result.starts, append=last_end)  # records are back to back
+    else:
+        result.starts = result.sizes = np.empty(0, np.int64)
     return result
 
 
