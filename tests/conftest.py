@@ -47,3 +47,13 @@ def golden_meta(golden_expected: Path) -> dict:
 
 def load_expected(golden_expected: Path, name: str) -> dict:
     return json.loads((golden_expected / name).read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession for the whole run (UI off, 2 shuffle partitions, UTC)."""
+    from pipelines.session import build_session
+
+    session = build_session("rocketlake-tests", "local[2]", for_tests=True)
+    yield session
+    session.stop()
