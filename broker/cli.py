@@ -74,9 +74,15 @@ def _store_dir(text: str) -> Path:
     return path
 
 
-def _print_findings(findings, stream=sys.stderr) -> None:
+def _print_findings(findings, stream=None) -> None:
+    stream = stream or sys.stderr  # looked up per call: a default bound at import misses redirection
     for f in findings:
         print(f"finding: {f}", file=stream)
+
+
+def _cell(text: str) -> str:
+    """Table cell text: control characters (CR, ESC, …) would break the one-line rows or drive the terminal."""
+    return "".join(c if c.isprintable() else "." for c in text)
 
 
 # ---- store subcommands ---------------------------------------------------------------------------
@@ -94,10 +100,10 @@ def cmd_store_messages(args: argparse.Namespace) -> int:
             out.write(json.dumps(json_row(row), ensure_ascii=False) + "\n")
         else:
             ts = datetime.fromtimestamp(row["store_timestamp"] / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-            body = row["body"][:40].decode("utf-8", "replace").replace("\n", " ")
-            print(f"{row['commitlog_offset']:>12} {ts:<23} {row['topic'][:24]:<24} {row['queue_id']:>3} "
-                  f"{row['queue_offset']:>8} {(row['tags'] or '')[:10]:<10} {' '.join(row['keys'])[:28]:<28} {body}",
-                  file=out)
+            body = _cell(row["body"][:40].decode("utf-8", "replace").replace("\n", " "))
+            print(f"{row['commitlog_offset']:>12} {ts:<23} {_cell(row['topic'][:24]):<24} {row['queue_id']:>3} "
+                  f"{row['queue_offset']:>8} {_cell((row['tags'] or '')[:10]):<10} "
+                  f"{_cell(' '.join(row['keys'])[:28]):<28} {body}", file=out)
     _print_findings(query.findings)
     return EXIT_OK
 

@@ -23,6 +23,7 @@ from broker.store.constants import (
     DEFAULT_MAPPED_FILE_SIZE_COMMITLOG,
     END_FILE_MIN_BLANK_LENGTH,
     FILE_NAME_DIGITS,
+    PROPERTY_CRC32,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
@@ -283,7 +284,11 @@ class CommitLogWriter:
         else:
             queue_offset = self.queue_offsets.get(key, 0)
             self.queue_offsets[key] = queue_offset + 1
-        return rec.with_position(self.write_offset, queue_offset, store_timestamp)
+        placed = rec.with_position(self.write_offset, queue_offset, store_timestamp)
+        if PROPERTY_CRC32 in rec.properties_raw and PROPERTY_CRC32 in placed.properties:
+            # 5.2+ property CRC covers the fields filled in just now: recompute it (store-format 3.6)
+            placed = placed.with_property_crc()
+        return placed
 
     def append(self, rec: MessageRecord, store_timestamp: int | None = None) -> AppendResult:
         return self.append_batch([rec], store_timestamp)[0]

@@ -302,6 +302,8 @@ class _Generator:
         delay = DelayOffsetTable()
         for level, offset in sorted(self.delivered_by_level.items()):
             delay.set_offset(level, offset)
+        # put() stamps dataVersion with the wall clock: use the synthetic one, so a seed gives the same bytes
+        topics.data_version.timestamp = groups.data_version.timestamp = self.now
         StoreConfig(topics, groups, offsets, delay).save(self.store, fsync=False)
         write_checkpoint(self.store, Checkpoint(self.now, self.now, self.now), fsync=False)
 

@@ -19,9 +19,14 @@ import pyarrow.compute as pc
 
 from broker.store import findings as fk
 from broker.store.columnar import DecodeStats, iter_decode
-from broker.store.commitlog import CommitLog
-from broker.store.constants import PROPERTY_DELAY
-from broker.store.consume_queue import ConsumeQueue, list_queues
+from broker.store.commitlog import CommitLog, offset_to_file_name
+from broker.store.constants import (
+    CONSUME_QUEUE_DIR,
+    CQ_STORE_UNIT_SIZE,
+    DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE,
+    PROPERTY_DELAY,
+)
+from broker.store.consume_queue import ConsumeQueue, list_queues, queue_dir
 from broker.store.delay import clamp_level, parse_delay_levels
 from broker.store.findings import Finding
 from broker.store.index_file import IndexService
@@ -62,7 +67,11 @@ def _record_table(log_: CommitLog, report: VerifyReport, progress: Progress | No
     for n, seg in enumerate(log_.segments, 1):
         buf = seg.open()
         stats = DecodeStats()
+        data_end = 0  # position just past the segment's last decoded record
         for batch in iter_decode(buf, seg.base, log_.segment_size, file_name=str(seg.path), stats=stats):
+            if batch.num_rows:
+                ends = pc.add(batch.column("commitlog_offset"), batch.column("store_size").cast(pa.int64()))
+                data_end = max(data_end, int(pc.max(ends).as_py()) - seg.base)
             parts.append(pa.table({
                 "phy": batch.column("commitlog_offset"),
                 "rec_size": batch.column("store_size"),
@@ -78,9 +87,9 @@ def _record_table(log_: CommitLog, report: VerifyReport, progress: Progress | No
         report.records += stats.records
         if stats.blank_at is None and seg is not log_.segments[-1]:
             report.findings.append(Finding(
-                str(seg.path), stats.stop, fk.MISSING_BLANK,
+                str(seg.path), data_end, fk.MISSING_BLANK,
                 "a file that is not the last one ends without a BLANK record (Apache's recovery stops here "
-                "and drops the later files)", physical_offset=seg.base + stats.stop))
+                "and drops the later files)", physical_offset=seg.base + data_end))
         if progress:
             progress(f"commitlog {n}/{len(log_.segments)} {seg.name}: {report.records} records")
     if not parts:
@@ -107,10 +116,38 @@ def _expected_tags_codes(records: pa.Table, delay_levels: list[int]) -> np.ndarr
     return out
 
 
-def _queue_table(store_dir: Path, cl_min: int, report: VerifyReport) -> pa.Table:
+@dataclass(slots=True)
+class _QueueFiles:
+    """Names the CQ file and byte position of a unit (findings point into files, like Apache's names)."""
+
+    store_dir: Path
+    file_sizes: dict[tuple[str, int], int] = field(default_factory=dict)
+    _usual: int | None = None
+
+    def _usual_size(self) -> int:
+        """For a queue with no files: the size most queues use, else Apache's default."""
+        if self._usual is None:
+            sizes = list(self.file_sizes.values())
+            self._usual = max(set(sizes), key=sizes.count) if sizes else DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE
+        return self._usual
+
+    def locate(self, topic: str, queue_id: int, logical: int) -> tuple[str, int]:
+        """The file that holds (or would hold) unit ``logical`` of a queue, and its position in it."""
+        size = self.file_sizes.get((topic, queue_id)) or self._usual_size()
+        byte = logical * CQ_STORE_UNIT_SIZE
+        base = byte - byte % size
+        try:
+            directory = queue_dir(self.store_dir, topic, queue_id)
+        except ValueError:  # a topic or queue id that cannot name a directory
+            return str(self.store_dir / CONSUME_QUEUE_DIR), 0
+        return str(directory / offset_to_file_name(base)), byte - base
+
+
+def _queue_table(store_dir: Path, cl_min: int, report: VerifyReport, files: _QueueFiles) -> pa.Table:
     parts = []
     for topic, qid in list_queues(store_dir):
         cq = ConsumeQueue(store_dir, topic, qid, commitlog_min_offset=cl_min)
+        files.file_sizes[(topic, qid)] = cq.file_size
         units = cq.units()
         report.findings.extend(cq.findings)
         report.queues += 1
@@ -133,7 +170,7 @@ def _queue_table(store_dir: Path, cl_min: int, report: VerifyReport) -> pa.Table
 
 
 def _check_queues(records: pa.Table, units: pa.Table, cl_min: int, delay_levels: list[int],
-                  report: VerifyReport) -> None:
+                  report: VerifyReport, files: _QueueFiles) -> None:
     """Join units to records on the commitlog offset; only rows with a problem become Python."""
     if records.num_rows:
         records = records.append_column("want_tags", pa.array(_expected_tags_codes(records, delay_levels)))
@@ -143,7 +180,7 @@ def _check_queues(records: pa.Table, units: pa.Table, cl_min: int, delay_levels:
     dangling = pc.and_(pc.is_null(joined.column("rec_size")), pc.greater_equal(joined.column("phy"), cl_min))
     for r in joined.filter(dangling).to_pylist():
         report.findings.append(Finding(
-            r["cq_file"], r["logical"] * 20, fk.CQ_DANGLING,
+            *files.locate(r["cq_topic"], r["cq_queue_id"], r["logical"]), fk.CQ_DANGLING,
             f"{r['cq_topic']}/{r['cq_queue_id']} offset {r['logical']} points at commitlog offset {r['phy']}, "
             "where no record starts"))
     if not records.num_rows:
@@ -166,7 +203,7 @@ def _check_queues(records: pa.Table, units: pa.Table, cl_min: int, delay_levels:
         if r["want_tags"] != r["cq_tags"]:
             problems.append(f"tagsCode {r['cq_tags']} != expected {r['want_tags']}")
         report.findings.append(Finding(
-            r["cq_file"], r["logical"] * 20, fk.CQ_MISMATCH,
+            *files.locate(r["cq_topic"], r["cq_queue_id"], r["logical"]), fk.CQ_MISMATCH,
             f"{r['cq_topic']}/{r['cq_queue_id']} offset {r['logical']} -> commitlog {r['phy']}: "
             + "; ".join(problems)))
     dispatchable = records.filter(pc.is_in(records.column("txn"), value_set=pa.array(["NOT", "COMMIT"])))
@@ -177,7 +214,7 @@ def _check_queues(records: pa.Table, units: pa.Table, cl_min: int, delay_levels:
         tail = (" (past the last dispatched record; a broker re-dispatches these on start)"
                 if r["phy"] > last_dispatched else "")
         report.findings.append(Finding(
-            "consumequeue", 0, fk.CQ_MISSING,
+            *files.locate(r["rec_topic"], r["rec_queue_id"], r["rec_queue_offset"]), fk.CQ_MISSING,
             f"record at commitlog {r['phy']} ({r['rec_topic']}/{r['rec_queue_id']} offset "
             f"{r['rec_queue_offset']}) has no ConsumeQueue unit{tail}", physical_offset=r["phy"]))
 
@@ -194,10 +231,11 @@ def verify_store(store_dir: str | Path, *, segment_size: int | None = None,
     report.data_end = int(pc.max(pc.add(records.column("phy"), records.column("rec_size"))).as_py()) \
         if records.num_rows else log_.min_offset
     levels = parse_delay_levels(message_delay_level) if message_delay_level else parse_delay_levels()
-    units = _queue_table(store_dir, log_.min_offset, report)
+    files = _QueueFiles(store_dir)
+    units = _queue_table(store_dir, log_.min_offset, report, files)
     if progress:
         progress(f"consume queues: {report.queues} queues, {report.cq_units} units")
-    _check_queues(records, units, log_.min_offset, levels, report)
+    _check_queues(records, units, log_.min_offset, levels, report, files)
     index = IndexService(store_dir)
     report.index_files = len(index.files)
     report.findings.extend(index.findings)
