@@ -120,12 +120,11 @@ def _be(a: np.ndarray, pos: np.ndarray, dtype: str) -> np.ndarray:
     return _gather(a, pos, width).view(dtype).reshape(-1).astype(dtype.replace(">", "<"))
 
 
-def _view_array(a: np.ndarray, buf: pa.Buffer, pos: np.ndarray, lengths: np.ndarray,
-                typ: pa.DataType) -> pa.Array:
-    """A binary_view/string_view array of ``lengths[i]`` bytes at ``pos[i]`` of ``buf``, no copy.
+def _views(a: np.ndarray, pos: np.ndarray, lengths: np.ndarray, buffer_index: int = 0) -> np.ndarray:
+    """Arrow binary-view structs (n × 16 bytes) for ``lengths[i]`` bytes at ``pos[i]`` of ``a``.
 
-    Arrow's view layout: 16 bytes per value, little-endian length then either the value inline
-    (≤ 12 bytes, zero padded) or a 4-byte prefix, buffer index 0 and the offset into ``buf``.
+    Layout: little-endian length, then either the value inline (≤ 12 bytes, zero padded) or a
+    4-byte prefix, the data buffer's index and the offset into it.
     """
     n = pos.size
     lengths32 = lengths.astype("<i4")
@@ -137,11 +136,17 @@ def _view_array(a: np.ndarray, buf: pa.Buffer, pos: np.ndarray, lengths: np.ndar
         views[:, 4:16] = head * (_ARANGE12 < lengths32[:, None])
     else:
         views[:, 4:8] = head[:, 0:4]
-        views[:, 8:12] = 0
+        views[:, 8:12] = np.array([buffer_index], "<i4").view(np.uint8)
         views[:, 12:16] = pos.astype("<i4").view(np.uint8).reshape(n, 4)
         if inline.any():
             views[inline, 4:16] = head[inline] * (_ARANGE12 < lengths32[inline, None])
-    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(views), buf])
+    return views
+
+
+def _view_array(a: np.ndarray, buf: pa.Buffer, pos: np.ndarray, lengths: np.ndarray,
+                typ: pa.DataType) -> pa.Array:
+    """A binary_view/string_view array over ``buf`` (no copy; Arrow's cast compacts it later)."""
+    return pa.Array.from_buffers(typ, pos.size, [None, pa.py_buffer(_views(a, pos, lengths)), buf])
 
 
 def _to_utf8(binary: pa.Array) -> pa.Array:
@@ -188,7 +193,9 @@ def _host_strings(addr: np.ndarray, v6: np.ndarray, port: np.ndarray) -> pa.Arra
     if v6.any():
         rows = np.flatnonzero(v6)
         v6_text = [f"[{inet_ntop(AF_INET6, addr[i].tobytes())}]:{int(port[i])}" for i in rows.tolist()]
-        text = pc.replace_with_mask(text, pa.array(v6), pa.array(v6_text, pa.string()))
+        index = np.arange(len(text))
+        index[rows] = len(text) + np.arange(rows.size)
+        text = pa.concat_arrays([text, pa.array(v6_text, pa.string())]).take(pa.array(index))
     return text
 
 
@@ -292,24 +299,29 @@ def _split_keys(keys: pa.Array) -> pa.Array:
 def _bodies(mem: memoryview, a: np.ndarray, buf: pa.Buffer, pos: np.ndarray, lengths: np.ndarray,
             compression: np.ndarray, phys: np.ndarray, file_name: str, seg_base: int,
             findings: list[Finding]) -> pa.Array:
-    stored = pc.cast(_view_array(a, buf, pos, lengths, pa.binary_view()), pa.binary())
+    """Payloads: stored bytes, or the decompressed bytes for compressed rows. The decompressed
+    payloads go into a second data buffer that their views point at, so one cast builds the column."""
+    views = _views(a, pos, lengths)
     rows = np.flatnonzero(compression > 0)
-    if rows.size == 0:
-        return stored
-    plain = []
-    for r in rows.tolist():
-        p, ln = int(pos[r]), int(lengths[r])
-        name = COMPRESSION_NAMES[int(compression[r])]
-        try:
-            plain.append(decompress(mem[p:p + ln], name))
-        except DecompressionError as exc:
-            off = int(phys[r])
-            findings.append(Finding(file_name, off - seg_base, fk.DECOMPRESSION_FAILED,
-                                    f"{exc}; body kept as stored", physical_offset=off))
-            plain.append(bytes(mem[p:p + ln]))
-    mask = np.zeros(len(stored), dtype=bool)
-    mask[rows] = True
-    return pc.replace_with_mask(stored, pa.array(mask), pa.array(plain, pa.binary()))
+    buffers = [None, None, buf]
+    if rows.size:
+        plain = []
+        for r in rows.tolist():
+            p, ln = int(pos[r]), int(lengths[r])
+            try:
+                plain.append(decompress(mem[p:p + ln], COMPRESSION_NAMES[int(compression[r])]))
+            except DecompressionError as exc:
+                off = int(phys[r])
+                findings.append(Finding(file_name, off - seg_base, fk.DECOMPRESSION_FAILED,
+                                        f"{exc}; body kept as stored", physical_offset=off))
+                plain.append(bytes(mem[p:p + ln]))
+        sizes = np.fromiter((len(x) for x in plain), np.int64, rows.size)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        payload = b"".join(plain) or b"\0"
+        views[rows] = _views(np.frombuffer(payload, np.uint8), starts, sizes, buffer_index=1)
+        buffers.append(pa.py_buffer(payload))
+    buffers[1] = pa.py_buffer(views)
+    return pc.cast(pa.Array.from_buffers(pa.binary_view(), pos.size, buffers), pa.binary())
 
 
 def _fixed_fields(a: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
