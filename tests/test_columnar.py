@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 import struct
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 from broker.store import findings as fk
-from broker.store.columnar import DecodeFilter, DecodeStats, decode_range, iter_decode
+from broker.store.columnar import DecodeFilter, decode_range, iter_decode
 from broker.store.commitlog import CommitLog, CommitLogWriter
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord

@@ -212,7 +212,7 @@ class _Properties:
     """
 
     def __init__(self, props: pa.StringArray) -> None:
-        self.n = n = len(props)
+        self.n = len(props)
         entries = pc.split_pattern(props, PROPERTY_SEPARATOR)
         msgs = np.asarray(pc.list_parent_indices(entries))
         pairs = pc.split_pattern(pc.list_flatten(entries), NAME_VALUE_SEPARATOR, max_splits=1)
