@@ -185,6 +185,44 @@ def cmd_store_generate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---- namesrv subcommands -------------------------------------------------------------------------
+def _listen_address(text: str) -> str:
+    """``host:port`` (``[v6]:port`` for IPv6) to listen on; port 0 picks a free one."""
+    from broker.remoting.transport import parse_address
+
+    try:
+        parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (e.g. 127.0.0.1:9876)") from None
+    return text
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be > 0")
+    return value
+
+
+def cmd_namesrv_start(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from broker.namesrv.server import serve_name_server
+
+    def ready(server) -> None:
+        print(f"name server listening on {server.address}", file=sys.stderr, flush=True)
+
+    try:
+        asyncio.run(serve_name_server(args.listen, broker_timeout_s=args.broker_timeout, on_ready=ready))
+    except OSError as exc:
+        print(f"error: cannot listen on {args.listen}: {exc}", file=sys.stderr)
+        return EXIT_FINDINGS
+    return EXIT_OK
+
+
 # ---- parser ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rocketlake", description="Batch analytics and replay over Apache RocketMQ broker stores.")
@@ -243,6 +281,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index-slots", type=_positive,
                    help="index hash slots per file (entries = 4 x slots; default Apache's 5,000,000)")
     p.set_defaults(func=cmd_store_generate)
+
+    namesrv = sub.add_parser("namesrv", help="run a RocketMQ name server",
+                             description="A name server speaking the RocketMQ remoting protocol (brokers register, "
+                                         "clients look up routes).")
+    nsub = namesrv.add_subparsers(dest="namesrv_command", required=True, metavar="SUBCOMMAND")
+    p = nsub.add_parser("start", help="serve until SIGINT/SIGTERM",
+                        description="Serve routes on LISTEN until SIGINT/SIGTERM; logs go to stderr.")
+    p.add_argument("--listen", type=_listen_address, default="127.0.0.1:9876",
+                   help="host:port to listen on (default 127.0.0.1:9876; port 0 = any free port)")
+    p.add_argument("--broker-timeout", type=_positive_seconds, default=120.0, metavar="SECONDS",
+                   help="drop a broker silent for this long (default 120)")
+    p.set_defaults(func=cmd_namesrv_start)
     return parser
 
 
