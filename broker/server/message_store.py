@@ -1,0 +1,1166 @@
+"""The broker's storage engine: an in-process, thread-safe ``DefaultMessageStore``.
+
+Writes append to the commitlog with :class:`~broker.store.commitlog.CommitLogWriter` and are dispatched
+synchronously (same call, same lock) to the consume queues and the index by :class:`Dispatcher`; reads
+serve pulls straight from the files with ``pread`` (CQ units, then record bytes exactly as stored, which
+is the PULL_MESSAGE body). Behaviour follows Apache RocketMQ 4.9.8 as summarised in
+``store-format.md`` (3.9 special topics, 4 dispatch, 8 checkpoint/abort, 9 recovery) and
+``remoting-protocol.md`` (9.2 pull statuses, 9.3 store-side send checks, 9.4 send-back, 9.5 offsets).
+
+Threading. One ``_put_lock`` serialises append + dispatch, so commitlog order, queue offsets and CQ order
+agree. Reads take no store-wide lock: a queue's written end (``ConsumeQueueView.max_offset``) is
+published only after its units were ``pwrite``-n, and the commitlog bytes before that, so a reader that
+snapshots the end never sees a unit without its record. ``SYNC_FLUSH`` is a group commit: a put
+waits on ``_flush_lock``; whoever holds it fsyncs everything appended so far and advances
+``_flushed_offset``, so concurrent puts share one fsync. Lock order is ``_flush_lock`` → ``_put_lock``
+→ dispatcher locks; a put never holds ``_put_lock`` while waiting for ``_flush_lock``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import random
+import struct
+import threading
+import time
+from bisect import bisect_left
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from broker.server import recovery
+from broker.server.offsets import (
+    ConsumerOffsetManager,
+    DelayOffsetManager,
+    SubscriptionGroupManager,
+    TopicConfigManager,
+    resolve_consumer_offset,
+)
+from broker.store.checkpoint import Checkpoint, CheckpointError, checkpoint_path, read_checkpoint
+from broker.store.commitlog import CommitLog, CommitLogWriter, offset_to_file_name
+from broker.store.constants import (
+    BORNHOST_V6_FLAG,
+    CONSUME_QUEUE_DIR,
+    CQ_FILL_UNIT_SIZE,
+    CQ_STORE_UNIT_SIZE,
+    DEFAULT_MAPPED_FILE_SIZE_COMMITLOG,
+    DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE,
+    DEFAULT_MAX_HASH_SLOT_NUM,
+    DEFAULT_MAX_INDEX_NUM,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_MESSAGE_DELAY_LEVEL,
+    MAX_MSGS_NUM_BATCH,
+    MAX_PROPERTIES_LENGTH,
+    MESSAGE_MAGIC_CODE_V1,
+    MESSAGE_MAGIC_CODE_V2,
+    PROPERTY_DELAY,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RETRY_TOPIC,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_NOT_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    TRANSACTION_TYPE_MASK,
+    signed32,
+)
+from broker.store.consume_queue import CQ_UNIT_DTYPE, ConsumeQueueDispatcher
+from broker.store.delay import parse_delay_levels
+from broker.store.hosts import Host
+from broker.store.index_file import LONG_MAX, IndexService
+from broker.store.java_hash import tags_code
+from broker.store.message import MessageRecord, RecordError, decode_record
+from broker.store.properties import encode_properties
+from broker.store.store_lock import StoreLock, abort_marker_exists, create_abort_marker, remove_abort_marker
+from broker.store.topics import (
+    DLQ_NUMS_PER_GROUP,
+    SCHEDULE_TOPIC,
+    InvalidTopicError,
+    delay_level_to_queue_id,
+    dlq_topic,
+    retry_topic,
+    validate_topic,
+)
+
+log = logging.getLogger(__name__)
+
+ASYNC_FLUSH = "ASYNC_FLUSH"
+SYNC_FLUSH = "SYNC_FLUSH"
+_MAGIC_V1 = signed32(MESSAGE_MAGIC_CODE_V1)
+_MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
+_SIZE_MAGIC = struct.Struct(">ii")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+# Apache scans at most max(16000 bytes of CQ, maxMsgNums units) per pull (maxFilterMessageCount).
+_MAX_FILTER_SCAN_BYTES = 16000
+_RECORD_HEAD = 80  # enough of a record to find its store timestamp (IPv6 born host: 48 + 20 + 8)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# =====================================================================================================
+# Settings and results
+# =====================================================================================================
+@dataclass(frozen=True)
+class StoreSettings:
+    """``MessageStoreConfig`` (and the few ``BrokerConfig`` values the store needs).
+
+    Defaults are Apache's. Test stores shrink ``segment_bytes``, ``cq_file_bytes`` and the index
+    geometry so that files stay small; a store must be reopened with the sizes it was written with.
+    """
+
+    segment_bytes: int = DEFAULT_MAPPED_FILE_SIZE_COMMITLOG
+    cq_file_bytes: int = DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE
+    index_slots: int = DEFAULT_MAX_HASH_SLOT_NUM
+    index_entries: int = DEFAULT_MAX_INDEX_NUM
+    flush_disk_type: str = ASYNC_FLUSH
+    flush_interval_ms: int = 500  # flushIntervalCommitLog (ASYNC_FLUSH background fsync)
+    sync_flush_timeout_ms: int = 5000  # syncFlushTimeout: slower fsync answers FLUSH_DISK_TIMEOUT
+    checkpoint_interval_ms: int = 1000  # flushIntervalConsumeQueue: CQ/index fsync + checkpoint
+    persist_interval_ms: int = 5000  # flushConsumerOffsetInterval: config/*.json
+    message_delay_level: str = DEFAULT_MESSAGE_DELAY_LEVEL
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    store_host: Host = Host(bytes([127, 0, 0, 1]), 10911)
+    cluster_name: str = "DefaultCluster"
+    broker_name: str = "broker-a"
+    check_crc_on_recover: bool = True
+    auto_create_topic_enable: bool = True
+    auto_create_subscription_group: bool = True
+    access_message_in_memory_max_ratio: int = 40  # % of RAM; older messages count as "in disk"
+    fsync_metadata: bool = True
+
+    def __post_init__(self) -> None:
+        if self.flush_disk_type not in (ASYNC_FLUSH, SYNC_FLUSH):
+            raise ValueError(f"flush_disk_type must be {ASYNC_FLUSH} or {SYNC_FLUSH}, got {self.flush_disk_type!r}")
+        if self.segment_bytes < 4096:
+            raise ValueError("segment_bytes must be at least 4096")
+        if self.cq_file_bytes <= 0 or self.cq_file_bytes % CQ_STORE_UNIT_SIZE:
+            raise ValueError("cq_file_bytes must be a positive multiple of 20")
+        if self.index_slots < 1 or self.index_entries < 2:
+            raise ValueError("index needs at least 1 slot and 2 entries")
+        parse_delay_levels(self.message_delay_level)  # fail early on a bad spec
+
+    @property
+    def delay_levels(self) -> list[int]:
+        """Delay per level in ms (index 0 = level 1)."""
+        return parse_delay_levels(self.message_delay_level)
+
+
+class PutStatus(enum.Enum):
+    """``PutMessageStatus`` names (remoting-protocol.md 9.3 maps them to response codes)."""
+
+    PUT_OK = "PUT_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
+    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+    UNKNOWN_ERROR = "UNKNOWN_ERROR"
+
+
+class GetStatus(enum.Enum):
+    """``GetMessageStatus`` names; the pull processor puts the name in ``remark``."""
+
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+
+
+@dataclass(frozen=True)
+class PutResult:
+    """Outcome of a put. ``topic``/``queue_id`` are where the record was *stored* (the delay topic
+    for a delayed message); ``queue_offset`` is the first record's; ``msg_id`` joins the
+    offsetMsgIds with ``,`` for a batch, as the SEND response does."""
+
+    status: PutStatus
+    msg_id: str = ""
+    topic: str = ""
+    queue_id: int = 0
+    queue_offset: int = 0
+    physical_offsets: tuple[int, ...] = ()
+    wrote_bytes: int = 0
+    store_timestamp: int = 0
+    records: tuple[MessageRecord, ...] = field(default=(), repr=False)
+
+    @property
+    def ok(self) -> bool:
+        """Stored (a flush timeout still means the record is in the log, as in Apache)."""
+        return self.status in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT)
+
+    @property
+    def msg_ids(self) -> list[str]:
+        return self.msg_id.split(",") if self.msg_id else []
+
+
+@dataclass(frozen=True)
+class GetResult:
+    """Outcome of a pull: ``body`` is the matched records back to back, byte-exact as stored."""
+
+    status: GetStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    body: bytes = b""
+    queue_offsets: tuple[int, ...] = ()
+    physical_offsets: tuple[int, ...] = ()
+
+    @property
+    def message_count(self) -> int:
+        return len(self.queue_offsets)
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """QUERY_MESSAGE by key: matching records (verified against KEYS/UNIQ_KEY), oldest first."""
+
+    physical_offsets: tuple[int, ...]
+    body: bytes
+
+
+@dataclass(frozen=True)
+class SendBackResult:
+    """CONSUMER_SEND_MSG_BACK: ``status`` is ``"OK"`` (also when dropped because the group has no
+    retry queues), ``"SUBSCRIPTION_GROUP_NOT_EXIST"``, ``"MESSAGE_NOT_FOUND"`` or a put status name."""
+
+    status: str
+    put: PutResult | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "OK"
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or used (wrong geometry, not open)."""
+
+
+# =====================================================================================================
+# Consume queue read side
+# =====================================================================================================
+class ConsumeQueueView:
+    """Read side of one consume queue: units are ``pread`` from the files on demand.
+
+    Nothing is cached but the queue's written end (advanced by the dispatcher after its ``pwrite``)
+    and the derived min offset, so a pull costs one small read per CQ file it touches, whatever
+    the queue's length.
+    """
+
+    def __init__(self, store_dir: Path, topic: str, queue_id: int, file_size: int, max_offset: int = 0,
+                 max_phy_end: int = -1, commitlog_min_offset: int = 0) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.directory = store_dir / CONSUME_QUEUE_DIR / topic / str(queue_id)
+        self.file_size = file_size
+        self.max_offset = max_offset  # logical offset just past the last unit
+        self.max_phy_end = max_phy_end  # phy + size of the last unit (-1: none)
+        self._commitlog_min = commitlog_min_offset
+        self._min_offset: int | None = None
+
+    def _file_path(self, base: int) -> Path:
+        return self.directory / offset_to_file_name(base)
+
+    def read_units(self, start: int, count: int) -> np.ndarray:
+        """Up to ``count`` units from logical ``start`` (big-endian :data:`CQ_UNIT_DTYPE` rows),
+        never past the written end nor across a file boundary (Apache's ``getIndexBuffer``)."""
+        end = self.max_offset
+        if start < 0 or start >= end or count <= 0:
+            return np.empty(0, CQ_UNIT_DTYPE)
+        byte = start * CQ_STORE_UNIT_SIZE
+        base = byte - byte % self.file_size
+        pos = byte - base
+        n = min(count, end - start, (self.file_size - pos) // CQ_STORE_UNIT_SIZE)
+        try:
+            fd = os.open(self._file_path(base), os.O_RDONLY)
+        except FileNotFoundError:
+            return np.empty(0, CQ_UNIT_DTYPE)
+        try:
+            data = os.pread(fd, n * CQ_STORE_UNIT_SIZE, pos)
+        finally:
+            os.close(fd)
+        usable = len(data) - len(data) % CQ_STORE_UNIT_SIZE
+        return np.frombuffer(data[:usable], CQ_UNIT_DTYPE)
+
+    def unit(self, offset: int) -> tuple[int, int, int] | None:
+        """``(phy, size, tagsCode)`` at a logical offset, None outside the written range."""
+        rows = self.read_units(offset, 1)
+        if not len(rows):
+            return None
+        return int(rows["commitlog_offset"][0]), int(rows["size"][0]), int(rows["tags_code"][0])
+
+    @property
+    def min_offset(self) -> int:
+        """First unit that is not a pre-blank fill and points into the commitlog (``correctMinOffset``);
+        the written end for an empty queue. Derived once from the first file, then cached."""
+        if self._min_offset is not None:
+            return self._min_offset
+        files = sorted(p.name for p in self.directory.iterdir()) if self.directory.is_dir() else []
+        files = [n for n in files if len(n) == 20 and n.isdigit()]
+        if not files:
+            return self.max_offset
+        base = int(files[0])
+        first = base // CQ_STORE_UNIT_SIZE
+        chunk = 4096
+        offset = first
+        while offset < self.max_offset and offset < first + self.file_size // CQ_STORE_UNIT_SIZE:
+            rows = self.read_units(offset, chunk)
+            if not len(rows):
+                break
+            ok = (rows["commitlog_offset"] >= self._commitlog_min) & ~(
+                (rows["commitlog_offset"] == 0) & (rows["size"] == CQ_FILL_UNIT_SIZE) & (rows["tags_code"] == 0))
+            if ok.any():
+                self._min_offset = offset + int(np.argmax(ok))
+                return self._min_offset
+            offset += len(rows)
+        return self.max_offset
+
+
+class QueueRegistry:
+    """All :class:`ConsumeQueueView` objects of a store, created on first write (reads of unknown
+    queues get a throw-away empty view, so clients cannot grow the table)."""
+
+    def __init__(self, store_dir: Path, file_size: int, commitlog_min_offset: int = 0) -> None:
+        self.store_dir = store_dir
+        self.file_size = file_size
+        self.commitlog_min_offset = commitlog_min_offset
+        self._views: dict[tuple[str, int], ConsumeQueueView] = {}
+        self._lock = threading.Lock()
+
+    def seed(self, topic: str, queue_id: int, max_offset: int, max_phy_end: int) -> ConsumeQueueView:
+        with self._lock:
+            view = ConsumeQueueView(self.store_dir, topic, queue_id, self.file_size, max_offset, max_phy_end,
+                                    self.commitlog_min_offset)
+            self._views[(topic, queue_id)] = view
+            return view
+
+    def get(self, topic: str, queue_id: int) -> ConsumeQueueView | None:
+        return self._views.get((topic, queue_id))
+
+    def view(self, topic: str, queue_id: int) -> ConsumeQueueView:
+        existing = self._views.get((topic, queue_id))
+        if existing is not None:
+            return existing
+        return ConsumeQueueView(self.store_dir, topic, queue_id, self.file_size, 0, -1, self.commitlog_min_offset)
+
+    def advance(self, topic: str, queue_id: int, max_offset: int, max_phy_end: int) -> None:
+        """Publish a queue's new end (called after the units reached the file)."""
+        view = self._views.get((topic, queue_id))
+        if view is None:
+            view = self.seed(topic, queue_id, 0, -1)
+        if max_offset > view.max_offset:
+            view.max_phy_end = max_phy_end
+            view.max_offset = max_offset
+
+    def items(self) -> list[tuple[tuple[str, int], ConsumeQueueView]]:
+        with self._lock:
+            return list(self._views.items())
+
+
+# =====================================================================================================
+# Dispatch
+# =====================================================================================================
+def _index_watermark(index: IndexService) -> int:
+    """Physical offset of the last indexed record (-1 when nothing ever was). The seed of a new
+    index file is the previous file's end, so the last file's ``endPhyOffset`` is right either way."""
+    if not index.files:
+        return -1
+    if len(index.files) == 1 and index.files[0].header.index_count <= 1:
+        return -1
+    return index.files[-1].header.end_phy_offset
+
+
+class Dispatcher:
+    """Builds the consume queues and the index from commitlog records, in commitlog order
+    (Apache's ``CommitLogDispatcherBuildConsumeQueue`` + ``CommitLogDispatcherBuildIndex``).
+
+    Idempotent, so it can be driven again over records it already saw (recovery, or a commitlog tail
+    follower in another process): a CQ unit is skipped when its queue already holds it (the
+    ``ConsumeQueue.put`` rules), an index entry when the record is at or below the last indexed
+    offset. The index is written *before* the queue, so after a crash between the two the queue is
+    the one behind, and re-dispatching from the queues' end never indexes a record twice.
+    """
+
+    def __init__(self, store_dir: Path, settings: StoreSettings, queues: QueueRegistry,
+                 clock: Callable[[], int] = _now_ms) -> None:
+        self.store_dir = store_dir
+        self.settings = settings
+        self.queues = queues
+        self.next_offset = 0  # just past the last record handed to dispatch (a tail follower's cursor)
+        self.cq = ConsumeQueueDispatcher(store_dir, file_size=settings.cq_file_bytes,
+                                         delay_levels=settings.delay_levels)
+        self.index = IndexService(store_dir, settings.index_slots, settings.index_entries, clock=clock)
+        self.index_lock = threading.Lock()  # IndexService is not thread-safe; queries take it too
+        self._index_watermark = _index_watermark(self.index)
+        self._sync_lock = threading.Lock()
+        self._dirty_files: set[Path] = set()
+        self.last_store_timestamp = 0
+        self._listeners: list[Callable[[str, int, int], None]] = []
+
+    def add_listener(self, fn: Callable[[str, int, int], None]) -> None:
+        """``fn(topic, queue_id, max_offset)`` after new units are readable (long polling hook)."""
+        self._listeners.append(fn)
+
+    def dispatch(self, records: Sequence[MessageRecord]) -> int:
+        """Dispatch records (in commitlog order); returns how many changed a queue or the index."""
+        touched: dict[tuple[str, int], list[int]] = {}  # queue -> [first offset, next offset, phy end]
+        changed = 0
+        for rec in records:
+            txn = rec.sys_flag & TRANSACTION_TYPE_MASK
+            did = False
+            if txn != TRANSACTION_ROLLBACK_TYPE and rec.physical_offset > self._index_watermark:
+                with self.index_lock:
+                    did = self.index.dispatch(rec) > 0
+                    self._index_watermark = rec.physical_offset
+            if txn in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE) and self.cq.dispatch(rec):
+                did = True
+                span = touched.setdefault((rec.topic, rec.queue_id), [rec.queue_offset, 0, 0])
+                span[1:] = [rec.queue_offset + 1, rec.physical_offset + rec.total_size]
+            changed += did
+        if records:
+            self.next_offset = records[-1].physical_offset + records[-1].total_size
+        dirty: set[Path] = set()
+        for (topic, qid), (first, nxt, _) in touched.items():
+            cq = self.cq.queue(topic, qid)
+            cq.flush()  # pwrite: readable from here on
+            fs = cq.file_size
+            for base in range(first * CQ_STORE_UNIT_SIZE // fs * fs, (nxt - 1) * CQ_STORE_UNIT_SIZE + 1, fs):
+                dirty.add(cq.directory / offset_to_file_name(base))
+        with self._sync_lock:
+            if records:
+                self.last_store_timestamp = max(self.last_store_timestamp, records[-1].store_timestamp)
+            self._dirty_files |= dirty
+        for (topic, qid), (_, nxt, phy_end) in touched.items():
+            self.queues.advance(topic, qid, nxt, phy_end)
+            for fn in self._listeners:
+                try:
+                    fn(topic, qid, nxt)
+                except Exception:  # a listener must not break the write path
+                    log.exception("dispatch listener failed")
+        return changed
+
+    def catch_up(self, from_offset: int, to_offset: int | None = None, commitlog: CommitLog | None = None,
+                 batch: int = 1024) -> int:
+        """Dispatch every record starting in ``[from_offset, to_offset)`` (``from_offset`` a record
+        boundary; no bound = to the end of data), read back with ``CommitLog.iter_records``; returns
+        how many records changed something. Safe to repeat (idempotent). A follower of a live
+        commitlog must pass the writer's published end as ``to_offset``, so it never reads a record
+        that is still being written."""
+        if commitlog is None:
+            commitlog = CommitLog.open(self.store_dir, self.settings.segment_bytes)
+        changed = 0
+        pending: list[MessageRecord] = []
+        for rec in commitlog.iter_records(from_offset, to_offset):
+            pending.append(rec)
+            if len(pending) >= batch:
+                changed += self.dispatch(pending)
+                pending = []
+        if pending:
+            changed += self.dispatch(pending)
+        return changed
+
+    def sync(self) -> int:
+        """fsync the CQ files written since the last call and msync the index; returns the store
+        timestamp everything up to which is now durable (the checkpoint's logics/index time)."""
+        with self._sync_lock:
+            files, self._dirty_files = self._dirty_files, set()
+            ts = self.last_store_timestamp
+        for path in sorted(files):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        with self.index_lock:
+            self.index.flush()
+        return ts
+
+    def close(self) -> None:
+        self.cq.close()
+        with self.index_lock:
+            self.index.close()
+
+
+# =====================================================================================================
+# Commitlog read side
+# =====================================================================================================
+class _SegmentFiles:
+    """Read-only descriptors of commitlog segments, opened once and shared by all readers
+    (``pread`` needs no seek, so one descriptor serves every thread) and by the fsyncs."""
+
+    def __init__(self, directory: Path, segment_size: int) -> None:
+        self.directory = directory
+        self.segment_size = segment_size
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def fd(self, base: int) -> int:
+        fd = self._fds.get(base)
+        if fd is not None:
+            return fd
+        with self._lock:
+            fd = self._fds.get(base)
+            if fd is None:
+                fd = os.open(self.directory / offset_to_file_name(base), os.O_RDONLY)
+                self._fds[base] = fd
+            return fd
+
+    def pread(self, offset: int, size: int) -> bytes:
+        base = offset - offset % self.segment_size
+        return os.pread(self.fd(base), size, offset - base)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+class _Periodic:
+    """A daemon thread running ``fn`` every ``interval_ms`` until stopped (errors are logged)."""
+
+    def __init__(self, name: str, interval_ms: int, fn: Callable[[], object]) -> None:
+        self._fn = fn
+        self._interval = interval_ms / 1000
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._fn()
+            except Exception:
+                log.exception("%s failed", self._thread.name)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+# =====================================================================================================
+# The store
+# =====================================================================================================
+class MessageStore:
+    """One broker store directory, opened for writing (see the module docstring for threading).
+
+    ``clock`` returns epoch ms; it stamps STORETIMESTAMP (tests pass a fake one to drive delays).
+    """
+
+    def __init__(self, store_dir: str | os.PathLike, config: StoreSettings | None = None, *,
+                 clock: Callable[[], int] | None = None) -> None:
+        self.store_dir = Path(store_dir)
+        self.settings = config or StoreSettings()
+        self.clock = clock or _now_ms
+        self._delay_levels = self.settings.delay_levels
+        self._put_lock = threading.RLock()
+        self._flush_lock = threading.Lock()
+        self._open = False
+        self._lock: StoreLock | None = None
+        self._writer: CommitLogWriter | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._segments: _SegmentFiles | None = None
+        self.queues: QueueRegistry | None = None
+        self._committed_end = 0  # commitlog bytes readable by others
+        self._flushed_offset = 0  # commitlog bytes fsynced
+        self._dirty_segments: set[int] = set()
+        self._last_store_ts = 0
+        self._flushed_store_ts = 0
+        self._commitlog_min = 0
+        self._written_checkpoint: Checkpoint | None = None
+        self._last_persist = 0.0
+        self._threads: list[_Periodic] = []
+        self.recovery: recovery.RecoveryReport | None = None  # what the last open() did
+        self.topics: TopicConfigManager | None = None
+        self.groups: SubscriptionGroupManager | None = None
+        self.consumer_offsets: ConsumerOffsetManager | None = None
+        self.delay_offsets: DelayOffsetManager | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    def open(self) -> recovery.RecoveryReport:
+        """Lock the store, recover (abnormally if ``abort`` exists), re-dispatch what the queues
+        miss, rebuild the queue offset counters from the queues, create ``abort`` and load the
+        metadata. Returns the :class:`~broker.server.recovery.RecoveryReport`. Nothing runs in the
+        background until :meth:`start_background`."""
+        if self._open:
+            raise StoreError(f"store {self.store_dir} is already open")
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        lock = StoreLock(self.store_dir).acquire()
+        try:
+            abnormal = abort_marker_exists(self.store_dir)
+            report = recovery.repair(self.store_dir, self.settings, abnormal)
+            self._commitlog_min = report.commitlog_min_offset
+            self.queues = QueueRegistry(self.store_dir, self.settings.cq_file_bytes, self._commitlog_min)
+            for (topic, qid), tail in report.queue_tails.items():
+                self.queues.seed(topic, qid, tail.max_offset, tail.max_phy_end)
+            self._dispatcher = Dispatcher(self.store_dir, self.settings, self.queues, self.clock)
+            recovery.redispatch(report, self._dispatcher, self.store_dir, self.settings)
+            create_abort_marker(self.store_dir)  # as start() does: from here on a crash is abnormal
+            counters = {key: view.max_offset for key, view in self.queues.items() if view.max_offset > 0}
+            self._writer = CommitLogWriter(self.store_dir, self.settings.segment_bytes, counters)
+            self._segments = _SegmentFiles(self.store_dir / "commitlog", self.settings.segment_bytes)
+            self._committed_end = self._writer.write_offset
+            # what a crashed run wrote may not be on disk yet: the first flush fsyncs the tail file
+            self._flushed_offset = self._commitlog_min
+            self._dirty_segments = {self._segment_base(self._committed_end)}
+            self._load_checkpoint(report.last_store_timestamp)
+            self._load_metadata()
+        except BaseException:
+            for resource in (self._writer, self._dispatcher, self._segments):
+                if resource is not None:
+                    resource.close()
+            self._writer = self._dispatcher = self._segments = None
+            lock.release()
+            raise
+        self._lock = lock
+        self.recovery = report
+        self._open = True
+        self._last_persist = time.monotonic()
+        log.info("opened store %s (%s, commitlog end %d)", self.store_dir, self.settings.flush_disk_type,
+                 self._committed_end)
+        return report
+
+    def _load_checkpoint(self, recovered_ts: int) -> None:
+        try:
+            self._written_checkpoint = read_checkpoint(self.store_dir, allow_short=True)
+        except CheckpointError:
+            self._written_checkpoint = None
+        last = max(recovered_ts, self._dispatcher.last_store_timestamp)
+        self._last_store_ts = self._flushed_store_ts = last
+
+    def _load_metadata(self) -> None:
+        s = self.settings
+        fsync = s.fsync_metadata
+        self.topics = TopicConfigManager(self.store_dir, cluster_name=s.cluster_name, broker_name=s.broker_name,
+                                         delay_levels=len(self._delay_levels),
+                                         auto_create_topic_enable=s.auto_create_topic_enable, fsync=fsync)
+        self.groups = SubscriptionGroupManager(self.store_dir, auto_create=s.auto_create_subscription_group,
+                                               fsync=fsync)
+        self.consumer_offsets = ConsumerOffsetManager(self.store_dir, fsync=fsync)
+        self.delay_offsets = DelayOffsetManager(self.store_dir, fsync=fsync)
+
+    def start_background(self) -> None:
+        """Start the async-flush thread (ASYNC_FLUSH only) and the checkpoint/persist thread."""
+        self._require_open()
+        if self._threads:
+            return
+        if self.settings.flush_disk_type == ASYNC_FLUSH:
+            self._threads.append(_Periodic("commitlog-flush", self.settings.flush_interval_ms, self.flush))
+        self._threads.append(_Periodic("store-checkpoint", self.settings.checkpoint_interval_ms,
+                                       self._checkpoint_tick))
+        for t in self._threads:
+            t.start()
+
+    def close(self) -> None:
+        """Clean shutdown: stop the threads, flush and fsync everything, write the checkpoint,
+        persist the metadata, remove ``abort`` and release the lock."""
+        if not self._open:
+            return
+        for t in self._threads:
+            t.stop()
+        self._threads = []
+        with self._put_lock:
+            self._open = False  # no new puts; in-flight ones finished (we hold the lock)
+        self.flush()
+        self._writer.close()
+        logics = self._dispatcher.sync()
+        self._dispatcher.close()
+        last = max(self._last_store_ts, logics)
+        self._write_checkpoint(Checkpoint(last, last, last))
+        self.persist_metadata(force=True)
+        self._segments.close()
+        remove_abort_marker(self.store_dir)
+        self._lock.release()
+        self._lock = None
+        log.info("closed store %s cleanly (commitlog end %d)", self.store_dir, self._committed_end)
+
+    def abandon(self) -> None:
+        """Let go of the store the way a killed process does: ``abort`` stays, no checkpoint, no
+        config persist. Every put already ``pwrite``-d its bytes, so the files are exactly what a
+        ``kill -9`` at this point leaves (only fsync is skipped). For tests and fault injection."""
+        if not self._open:
+            return
+        for t in self._threads:
+            t.stop()
+        self._threads = []
+        with self._put_lock:
+            self._open = False
+        self._writer.close()
+        self._dispatcher.close()
+        self._segments.close()
+        self._lock.release()
+        self._lock = None
+        log.warning("abandoned store %s without a clean shutdown", self.store_dir)
+
+    def __enter__(self) -> "MessageStore":
+        if not self._open:
+            self.open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The dispatcher feeding the consume queues and the index (its ``index`` is guarded by
+        ``index_lock``)."""
+        self._require_open()
+        return self._dispatcher
+
+    def _require_open(self) -> None:
+        if not self._open:
+            raise StoreError(f"store {self.store_dir} is not open")
+
+    # ---- flushing and checkpoint ---------------------------------------------------------------
+    def _segment_base(self, offset: int) -> int:
+        return offset - offset % self.settings.segment_bytes
+
+    def flush(self) -> bool:
+        """fsync the commitlog up to everything appended so far (the async flush tick)."""
+        return self._sync_to(self._committed_end)
+
+    def _sync_to(self, offset: int) -> bool:
+        """Group commit: make ``[0, offset)`` durable; False if fsync failed or took longer than
+        ``sync_flush_timeout_ms`` (the put then answers FLUSH_DISK_TIMEOUT: stored, not confirmed)."""
+        started = time.monotonic()
+        with self._flush_lock:
+            if self._flushed_offset < offset:
+                with self._put_lock:
+                    target = self._committed_end
+                    dirty, self._dirty_segments = self._dirty_segments, set()
+                    ts = self._last_store_ts
+                try:
+                    for base in sorted(dirty):
+                        os.fsync(self._segments.fd(base))
+                except OSError:
+                    log.exception("commitlog fsync failed")
+                    with self._put_lock:
+                        self._dirty_segments |= dirty  # retried by the next flush
+                    return False
+                self._flushed_offset = max(self._flushed_offset, target)
+                self._flushed_store_ts = max(self._flushed_store_ts, ts)
+        return (time.monotonic() - started) * 1000 <= self.settings.sync_flush_timeout_ms
+
+    def _checkpoint_tick(self) -> None:
+        logics = self._dispatcher.sync()
+        self._write_checkpoint(Checkpoint(self._flushed_store_ts, logics, logics))
+        if (time.monotonic() - self._last_persist) * 1000 >= self.settings.persist_interval_ms:
+            self.persist_metadata()
+
+    def _write_checkpoint(self, cp: Checkpoint) -> None:
+        old = self._written_checkpoint
+        if old is not None:  # never move a timestamp backwards
+            cp = Checkpoint(max(cp.physic_msg_timestamp, old.physic_msg_timestamp),
+                            max(cp.logics_msg_timestamp, old.logics_msg_timestamp),
+                            max(cp.index_msg_timestamp, old.index_msg_timestamp),
+                            old.master_flushed_offset, old.confirm_phy_offset)
+            if cp == old and checkpoint_path(self.store_dir).exists():
+                return
+        cp.write(checkpoint_path(self.store_dir))
+        self._written_checkpoint = cp
+
+    def persist_metadata(self, force: bool = False) -> None:
+        """Write the config/*.json tables that changed (all of them with ``force``)."""
+        for manager in (self.topics, self.groups, self.consumer_offsets, self.delay_offsets):
+            if manager is not None:
+                manager.persist(force)
+        self._last_persist = time.monotonic()
+
+    # ---- writing ---------------------------------------------------------------------------------
+    def put_message(self, rec: MessageRecord, *, apply_delay: bool = True) -> PutResult:
+        """Store one message (``putMessage``).
+
+        Store-side rules of 4.9.8: topic valid and ≤ 127 chars, body ≤ ``max_message_size``
+        (MESSAGE_ILLEGAL), properties ≤ 32767 bytes (PROPERTIES_SIZE_EXCEEDED); ``DELAY=n>0`` on a
+        NOT/COMMIT message moves it to ``SCHEDULE_TOPIC_XXXX`` queue n-1 with ``REAL_TOPIC`` and
+        ``REAL_QID`` added (n clamped to the highest level). The store host, store timestamp,
+        offsets and body CRC are filled in here; the broker's own properties (``CLUSTER``) are the
+        request layer's business. ``apply_delay=False`` is for the schedule service's delivery, whose
+        properties still say ``DELAY`` (store-format.md 3.9) but must not be delayed again.
+        """
+        return self._put([rec], batch=False, apply_delay=apply_delay)
+
+    def put_messages(self, records: Iterable[MessageRecord]) -> PutResult:
+        """Store a 4.x batch (``putMessages``): one record per inner message, same topic and queue,
+        one store timestamp, consecutive queue offsets, all in one commitlog file. Delayed or
+        transactional batches are MESSAGE_ILLEGAL, as in Apache."""
+        return self._put(list(records), batch=True, apply_delay=False)
+
+    def _put(self, records: list[MessageRecord], batch: bool, apply_delay: bool) -> PutResult:
+        if not self._open:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE)
+        if not records:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL)
+        prepared = self._prepare(records, batch, apply_delay)
+        if isinstance(prepared, PutStatus):
+            return PutResult(prepared)
+        with self._put_lock:
+            if not self._open:
+                return PutResult(PutStatus.SERVICE_NOT_AVAILABLE)
+            before = self._writer.write_offset
+            ts = self.clock()
+            try:
+                results = self._writer.append_batch(prepared, ts)
+                self._writer.flush()  # pwrite: visible to readers and to the dispatcher
+            except ValueError as exc:  # cannot fit a commitlog file
+                log.warning("rejected put to %s: %s", prepared[0].topic, exc)
+                return PutResult(PutStatus.MESSAGE_ILLEGAL)
+            except OSError:
+                log.exception("commitlog append failed")
+                return PutResult(PutStatus.UNKNOWN_ERROR)
+            self._committed_end = self._writer.write_offset
+            self._dirty_segments.add(self._segment_base(before))
+            self._dirty_segments.add(self._segment_base(results[0].physical_offset))
+            self._last_store_ts = ts
+            self._dispatcher.dispatch([r.record for r in results])
+            end = self._committed_end
+        status = PutStatus.PUT_OK
+        if self.settings.flush_disk_type == SYNC_FLUSH and not self._sync_to(end):
+            status = PutStatus.FLUSH_DISK_TIMEOUT
+        placed = tuple(r.record for r in results)
+        return PutResult(status, ",".join(r.offset_msg_id for r in placed), placed[0].topic, placed[0].queue_id,
+                         placed[0].queue_offset, tuple(r.physical_offset for r in placed),
+                         sum(r.size for r in results), ts, placed)
+
+    def _prepare(self, records: list[MessageRecord], batch: bool, apply_delay: bool) -> list[MessageRecord] | PutStatus:
+        """Validate and rewrite records as the store does before appending (``checkMessage``,
+        the delay rewrite, the batch rules)."""
+        out = []
+        first = records[0]
+        for rec in records:
+            try:
+                validate_topic(rec.topic)
+            except InvalidTopicError as exc:
+                log.warning("rejected message: %s", exc)
+                return PutStatus.MESSAGE_ILLEGAL
+            if rec.queue_id < 0 or len(rec.body) > self.settings.max_message_size:
+                return PutStatus.MESSAGE_ILLEGAL
+            if len(rec.properties_bytes) > MAX_PROPERTIES_LENGTH:
+                return PutStatus.PROPERTIES_SIZE_EXCEEDED
+            if batch:
+                level = _delay_level(rec.properties)
+                if (rec.topic, rec.queue_id) != (first.topic, first.queue_id) or level is None or level > 0 \
+                        or rec.sys_flag & TRANSACTION_TYPE_MASK != TRANSACTION_NOT_TYPE:
+                    return PutStatus.MESSAGE_ILLEGAL
+            elif apply_delay:
+                rewritten = self._apply_delay(rec)
+                if rewritten is None:
+                    return PutStatus.MESSAGE_ILLEGAL
+                rec = rewritten
+                if len(rec.properties_bytes) > MAX_PROPERTIES_LENGTH:
+                    return PutStatus.PROPERTIES_SIZE_EXCEEDED
+            out.append(replace(rec, store_host=self.settings.store_host, body_crc=None, magic_code=None))
+        return out
+
+    def _apply_delay(self, rec: MessageRecord) -> MessageRecord | None:
+        """``CommitLog.asyncPutMessage``'s delay rewrite (4.x does it in the store); None if
+        ``DELAY`` is not a number (Java's parseInt would throw)."""
+        txn = rec.sys_flag & TRANSACTION_TYPE_MASK
+        if txn not in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE):
+            return rec
+        props = rec.properties
+        level = _delay_level(props)
+        if level is None:
+            return None
+        if level <= 0:
+            return rec
+        if level > len(self._delay_levels):
+            level = len(self._delay_levels)
+            props[PROPERTY_DELAY] = str(level)
+        props[PROPERTY_REAL_TOPIC] = rec.topic
+        props[PROPERTY_REAL_QID] = str(rec.queue_id)
+        return replace(rec, topic=SCHEDULE_TOPIC, queue_id=delay_level_to_queue_id(level),
+                       properties_raw=encode_properties(props))
+
+    # ---- reading -----------------------------------------------------------------------------------
+    @property
+    def commitlog_max_offset(self) -> int:
+        """Physical offset just past the last appended record."""
+        return self._committed_end
+
+    @property
+    def commitlog_min_offset(self) -> int:
+        return self._commitlog_min
+
+    def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueueView:
+        """The read view of a queue (an empty one if the queue does not exist)."""
+        self._require_open()
+        return self.queues.view(topic, queue_id)
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """GET_MAX_OFFSET: logical offset the next message of the queue will get."""
+        return self.consume_queue(topic, queue_id).max_offset
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """GET_MIN_OFFSET: first readable logical offset."""
+        return self.consume_queue(topic, queue_id).min_offset
+
+    def read_record_bytes(self, phy_offset: int, size: int | None = None) -> bytes:
+        """The stored bytes of the message record at ``phy_offset``; raises :class:`RecordError`
+        when no message record starts there."""
+        self._require_open()
+        if phy_offset < self._commitlog_min or phy_offset + 8 > self._committed_end:
+            raise RecordError("bad_size", phy_offset, "outside the commitlog's data")
+        if size is None:
+            total, magic = _SIZE_MAGIC.unpack(self._segments.pread(phy_offset, 8))
+            if magic not in (_MAGIC_V1, _MAGIC_V2):
+                raise RecordError("bad_magic", phy_offset, "no message record starts here")
+            size = total
+        if size <= 0 or phy_offset + size > self._committed_end:
+            raise RecordError("bad_size", phy_offset, f"record of {size} bytes runs past the commitlog's data")
+        data = self._segments.pread(phy_offset, size)
+        if len(data) != size:
+            raise RecordError("truncated_record", phy_offset, "short read")
+        return data
+
+    def view_message(self, phy_offset: int) -> MessageRecord:
+        """VIEW_MESSAGE_BY_ID / ``lookMessageByOffset``: the decoded record at ``phy_offset``."""
+        data = self.read_record_bytes(phy_offset)
+        rec = decode_record(data, 0, phy_offset)
+        if not isinstance(rec, MessageRecord):
+            raise RecordError("bad_magic", phy_offset, "a BLANK record, not a message")
+        return rec
+
+    read_record = view_message  # the RecordSource protocol used by the index and time searches
+
+    def _store_time(self, phy_offset: int) -> int:
+        """STORETIMESTAMP of the record at ``phy_offset`` (-1 if unreadable), from its header only."""
+        try:
+            head = self._segments.pread(phy_offset, _RECORD_HEAD)
+            sys_flag = _I32.unpack_from(head, 36)[0]
+            born = 20 if sys_flag & BORNHOST_V6_FLAG else 8
+            return _I64.unpack_from(head, 48 + born)[0]
+        except (OSError, struct.error):
+            return -1
+
+    def get_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
+                     max_bytes: int = 256 * 1024, tag_filter: set[str] | None = None) -> GetResult:
+        """PULL_MESSAGE's store read (``DefaultMessageStore.getMessage``, 4.9.8).
+
+        Statuses: empty queue → NO_MESSAGE_IN_QUEUE (next 0); offset < min → OFFSET_TOO_SMALL
+        (next min); offset == max → OFFSET_OVERFLOW_ONE (next offset); offset > max →
+        OFFSET_OVERFLOW_BADLY (next min if min is 0, else max); otherwise FOUND, or
+        NO_MATCHED_MESSAGE when the filter rejected every scanned unit. A topic that cannot exist
+        answers NO_MATCHED_LOGIC_QUEUE. At most ``max(800, max_msgs)`` units of one CQ file are
+        scanned; the first message is always returned, then the batch stops at ``max_msgs`` or
+        when the next record would pass ``max_bytes``. ``tag_filter`` (tag strings; ``*`` or None =
+        all) is matched on the CQ tag hash, then on the record's TAGS (hash collisions).
+        """
+        self._require_open()
+        try:
+            validate_topic(topic)
+        except InvalidTopicError:
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        if queue_id < 0:
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        view = self.queues.view(topic, queue_id)
+        max_off = view.max_offset
+        min_off = view.min_offset
+        if max_off == 0:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, min_off, max_off)
+        if offset < min_off:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, min_off, min_off, max_off)
+        if offset == max_off:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, offset, min_off, max_off)
+        if offset > max_off:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, min_off if min_off == 0 else max_off, min_off, max_off)
+        units = view.read_units(offset, max(_MAX_FILTER_SCAN_BYTES // CQ_STORE_UNIT_SIZE, max_msgs))
+        if not len(units):
+            next_file = (offset * CQ_STORE_UNIT_SIZE // view.file_size + 1) * view.file_size // CQ_STORE_UNIT_SIZE
+            return GetResult(GetStatus.OFFSET_FOUND_NULL, next_file, min_off, max_off)
+        tags_wanted = None if not tag_filter or "*" in tag_filter else set(tag_filter)
+        phys = units["commitlog_offset"].astype(np.int64)
+        sizes = units["size"].astype(np.int64)
+        candidate = np.ones(len(units), bool)
+        if tags_wanted is not None:
+            codes = np.array(sorted({tags_code(t) for t in tags_wanted}), np.int64)
+            candidate = np.isin(units["tags_code"].astype(np.int64), codes)
+        status = GetStatus.NO_MATCHED_MESSAGE
+        parts: list[bytes] = []
+        queue_offsets: list[int] = []
+        phy_out: list[int] = []
+        total = 0
+        i = 0
+        for i in range(len(units)):
+            size = int(sizes[i])
+            if parts and (len(parts) >= max_msgs or total + size > max_bytes):
+                break  # isTheBatchFull: unit i is not consumed
+            if not candidate[i]:
+                continue
+            phy = int(phys[i])
+            try:
+                data = self.read_record_bytes(phy, size)
+            except RecordError as exc:
+                log.warning("%s/%d offset %d: %s", topic, queue_id, offset + i, exc)
+                if not parts:
+                    status = GetStatus.MESSAGE_WAS_REMOVING
+                continue
+            if tags_wanted is not None:
+                rec = decode_record(data, 0, phy)
+                if not isinstance(rec, MessageRecord) or rec.tags not in tags_wanted:
+                    continue
+            parts.append(data)
+            queue_offsets.append(offset + i)
+            phy_out.append(phy)
+            total += size
+            status = GetStatus.FOUND
+        else:
+            i = len(units)
+        return GetResult(status, offset + i, min_off, max_off, b"".join(parts), tuple(queue_offsets), tuple(phy_out))
+
+    def earliest_store_time(self, topic: str, queue_id: int) -> int:
+        """GET_EARLIEST_MSG_STORETIME: store time of the queue's first readable message, -1 if none."""
+        view = self.consume_queue(topic, queue_id)
+        unit = view.unit(view.min_offset)
+        return -1 if unit is None else self._store_time(unit[0])
+
+    def search_offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower") -> int:
+        """SEARCH_OFFSET_BY_TIMESTAMP by binary search over the queue, reading store times from
+        record headers: ``lower`` = first message stored at or after the time (max offset if all are
+        older), ``upper`` = last message stored at or before it (min offset if all are newer) —
+        the same rules as :meth:`broker.store.consume_queue.ConsumeQueue.search_by_timestamp`."""
+        if boundary not in ("lower", "upper"):
+            raise ValueError(f"boundary must be 'lower' or 'upper', got {boundary!r}")
+        view = self.consume_queue(topic, queue_id)
+        lo, hi = view.min_offset, view.max_offset
+        if lo >= hi:
+            return lo
+
+        def store_time(logical: int) -> int:
+            unit = view.unit(logical)
+            return -1 if unit is None else self._store_time(unit[0])
+
+        if boundary == "lower":
+            return bisect_left(range(lo, hi), timestamp_ms, key=store_time) + lo
+        return max(bisect_left(range(lo, hi), timestamp_ms + 1, key=store_time) + lo - 1, lo)
+
+    def query_by_key(self, topic: str, key: str, max_num: int = MAX_MSGS_NUM_BATCH, begin_ms: int = 0,
+                     end_ms: int = LONG_MAX) -> QueryResult:
+        """QUERY_MESSAGE: records of ``topic`` whose KEYS or UNIQ_KEY is ``key``, found through the
+        index (newest ``max_num``, capped at 64 like ``maxMsgsNumBatch``) and verified against the
+        records, returned oldest first. Entries left by a recovered crash are filtered out by the
+        verification (and de-duplicated when a new record took the old one's offset and key)."""
+        self._require_open()
+        with self._dispatcher.index_lock:
+            offsets = self._dispatcher.index.query_offsets(topic, key, begin_ms, end_ms,
+                                                           min(max_num, MAX_MSGS_NUM_BATCH))
+        found, parts = [], []
+        for phy in sorted(set(offsets)):  # a stale entry (recovered crash) may repeat an offset
+            try:
+                data = self.read_record_bytes(phy)
+                rec = decode_record(data, 0, phy)
+            except RecordError as exc:  # stale entry past a recovered end, or a hash collision
+                log.debug("index points at unreadable commitlog offset %d: %s", phy, exc)
+                continue
+            if isinstance(rec, MessageRecord) and rec.topic == topic and (rec.uniq_key == key or key in rec.keys):
+                found.append(phy)
+                parts.append(data)
+        return QueryResult(tuple(found), b"".join(parts))
+
+    def add_dispatch_listener(self, fn: Callable[[str, int, int], None]) -> None:
+        """``fn(topic, queue_id, max_offset)`` whenever a queue grows (for long polling)."""
+        self._require_open()
+        self._dispatcher.add_listener(fn)
+
+    # ---- consumer side ---------------------------------------------------------------------------
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """UPDATE_CONSUMER_OFFSET (persisted periodically and on close)."""
+        self._require_open()
+        self.consumer_offsets.commit_offset(group, topic, queue_id, offset)
+
+    def check_in_disk_by_consume_offset(self, topic: str, queue_id: int, offset: int) -> bool:
+        """Whether the message at a queue offset is older than the in-memory window (4.9.8's
+        ``checkInDiskByConsumeOffset``: more than ``access_message_in_memory_max_ratio`` % of RAM
+        behind the commitlog end); False when there is no such message."""
+        unit = self.consume_queue(topic, queue_id).unit(offset)
+        if unit is None:
+            return False
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return self._committed_end - unit[0] > ram * self.settings.access_message_in_memory_max_ratio // 100
+
+    def query_consumer_offset(self, group: str, topic: str, queue_id: int,
+                              set_zero_if_not_found: bool = True) -> int | None:
+        """QUERY_CONSUMER_OFFSET (remoting-protocol.md 9.5): committed offset, else 0 for a queue
+        that still starts at 0 in memory (or is empty), else None (answer 22)."""
+        self._require_open()
+        return resolve_consumer_offset(
+            self.consumer_offsets.query_offset(group, topic, queue_id),
+            lambda: self.min_offset(topic, queue_id),
+            lambda: self.check_in_disk_by_consume_offset(topic, queue_id, 0),
+            set_zero_if_not_found)
+
+    def consumer_send_back(self, group: str, phy_offset: int, delay_level: int = 0,
+                           max_reconsume_times: int | None = None) -> SendBackResult:
+        """CONSUMER_SEND_MSG_BACK (remoting-protocol.md 9.4, store-format.md 3.9).
+
+        The original (looked up by commitlog offset) is re-stored with the same body, flag, sysFlag
+        and born fields, ``reconsumeTimes + 1``, ``RETRY_TOPIC`` (original topic, if absent) and
+        ``ORIGIN_MESSAGE_ID`` (the original's offsetMsgId, if absent). Below the limit
+        (``max_reconsume_times``, else the group's ``retryMaxTimes``) it goes to ``%RETRY%<group>``
+        with ``DELAY`` = ``delay_level`` or ``3 + reconsumeTimes`` when 0, so it waits in
+        ``SCHEDULE_TOPIC_XXXX`` first; at the limit or with ``delay_level < 0`` it goes to
+        ``%DLQ%<group>`` queue 0 with ``DELAY=0`` left in its properties. Missing retry/DLQ topic
+        configs are created (1 queue, perm 6)."""
+        self._require_open()
+        sub = self.groups.find(group)
+        if sub is None:
+            return SendBackResult("SUBSCRIPTION_GROUP_NOT_EXIST")
+        if sub.retry_queue_nums <= 0:
+            return SendBackResult("OK")
+        try:
+            orig = self.view_message(phy_offset)
+        except RecordError as exc:
+            log.warning("send-back of %s: look message by offset %d failed: %s", group, phy_offset, exc)
+            return SendBackResult("MESSAGE_NOT_FOUND")
+        props = orig.properties
+        props.setdefault(PROPERTY_RETRY_TOPIC, orig.topic)
+        limit = sub.retry_max_times if max_reconsume_times is None else max_reconsume_times
+        if orig.reconsume_times >= limit or delay_level < 0:
+            topic = dlq_topic(group)
+            queue_id = random.randrange(99_999_999) % DLQ_NUMS_PER_GROUP
+            self.topics.create_topic_in_send_back(topic, DLQ_NUMS_PER_GROUP)
+            props[PROPERTY_DELAY] = "0"
+        else:
+            topic = retry_topic(group)
+            queue_id = random.randrange(99_999_999) % sub.retry_queue_nums
+            self.topics.create_topic_in_send_back(topic, sub.retry_queue_nums)
+            props[PROPERTY_DELAY] = str(delay_level if delay_level > 0 else 3 + orig.reconsume_times)
+        if not props.get(PROPERTY_ORIGIN_MESSAGE_ID, "").strip():
+            props[PROPERTY_ORIGIN_MESSAGE_ID] = orig.offset_msg_id
+        retry = MessageRecord(topic=topic, body=orig.body, properties_raw=encode_properties(props),
+                              queue_id=queue_id, flag=orig.flag, sys_flag=orig.sys_flag,
+                              born_timestamp=orig.born_timestamp, born_host=orig.born_host,
+                              reconsume_times=orig.reconsume_times + 1)
+        put = self.put_message(retry)
+        return SendBackResult("OK" if put.ok else put.status.value, put)
+
+
+def _delay_level(props: dict[str, str]) -> int | None:
+    """The ``DELAY`` property as Java's ``Integer.parseInt`` reads it (0 if absent, None if invalid)."""
+    text = props.get(PROPERTY_DELAY)
+    if text is None:
+        return 0
+    try:
+        value = int(text, 10)
+    except ValueError:
+        return None
+    return value if -(1 << 31) <= value < (1 << 31) and text.strip() == text and "_" not in text else None

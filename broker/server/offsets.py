@@ -1,0 +1,267 @@
+"""Broker metadata kept beside the store: topic configs, subscription groups, consumer and delay offsets.
+
+Each manager owns one ``config/*.json`` table (parsed and written by :mod:`broker.store.config_files`,
+which does Apache's ``.tmp``/``.bak`` dance and fastjson layout), guards it with its own lock, and
+remembers whether it changed since the last write, so the store's periodic persist only touches files
+that need it. Behaviour follows the 4.9.8 broker managers (``TopicConfigManager``,
+``SubscriptionGroupManager``, ``ConsumerOffsetManager``, the schedule service's offset table), as
+summarised in remoting-protocol.md 9.3–9.5 and store-format.md 10.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Callable
+
+from broker.store.config_files import (
+    ConsumerOffsetTable,
+    DelayOffsetTable,
+    SubscriptionGroupConfig,
+    SubscriptionGroupTable,
+    TopicConfig,
+    TopicConfigTable,
+    config_path,
+)
+from broker.store.constants import (
+    CONSUMER_OFFSET_FILE,
+    DELAY_OFFSET_FILE,
+    SUBSCRIPTION_GROUP_FILE,
+    TOPICS_FILE,
+)
+from broker.store.topics import SCHEDULE_TOPIC
+
+log = logging.getLogger(__name__)
+
+# PermName bits (remoting-protocol.md 9.1)
+PERM_PRIORITY = 8
+PERM_READ = 4
+PERM_WRITE = 2
+PERM_INHERIT = 1
+
+DEFAULT_TOPIC = "TBW102"  # template topic for auto-creation
+DEFAULT_TOPIC_QUEUE_NUMS = 8  # defaultTopicQueueNums
+# Groups a fresh 4.9.8 broker creates (SubscriptionGroupManager.init).
+SYSTEM_GROUPS = ("TOOLS_CONSUMER", "FILTERSRV_CONSUMER", "SELF_TEST_C_GROUP", "CID_ONS-HTTP-PROXY",
+                 "CID_ONSAPI_PULL", "CID_ONSAPI_PERMISSION", "CID_ONSAPI_OWNER")
+
+
+class _Persistent:
+    """Dirty tracking shared by the managers: ``_changed()`` under the lock, ``persist()`` writes."""
+
+    def __init__(self, path: Path, fsync: bool) -> None:
+        self.path = path
+        self._fsync = fsync
+        self._lock = threading.RLock()
+        self._version = 0
+        self._persisted = 0
+
+    def _changed(self) -> None:
+        self._version += 1
+
+    def _table(self):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @property
+    def dirty(self) -> bool:
+        return self._version != self._persisted
+
+    def persist(self, force: bool = False) -> bool:
+        """Write the file if it changed since the last write (or ``force``); True if written."""
+        with self._lock:
+            if not force and not self.dirty:
+                return False
+            version = self._version
+            self._table().save(self.path, fsync=self._fsync)
+            self._persisted = version
+            return True
+
+
+class TopicConfigManager(_Persistent):
+    """``topics.json``. The system topics a fresh broker has are always present (Apache puts them in
+    the table before loading the file over it), and creations persist at once, as Apache does."""
+
+    def __init__(self, store_dir: str | os.PathLike, *, cluster_name: str = "DefaultCluster",
+                 broker_name: str = "broker-a", delay_levels: int = 18, auto_create_topic_enable: bool = True,
+                 default_topic_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS, fsync: bool = True) -> None:
+        super().__init__(config_path(store_dir, TOPICS_FILE), fsync)
+        self.auto_create_topic_enable = auto_create_topic_enable
+        self.table: TopicConfigTable = TopicConfigTable.load(self.path)
+        seeded = False
+        for config in self._system_topics(cluster_name, broker_name, delay_levels, default_topic_queue_nums):
+            if config.topic_name not in self.table:
+                self.table.topics[config.topic_name] = config
+                seeded = True
+        if seeded:
+            self._changed()
+
+    def _system_topics(self, cluster: str, broker: str, delay_levels: int, default_queues: int) -> list[TopicConfig]:
+        rw = PERM_READ | PERM_WRITE
+        topics = [
+            TopicConfig("SELF_TEST_TOPIC", 1, 1, rw),
+            TopicConfig("BenchmarkTest", 1024, 1024, rw),
+            TopicConfig(cluster, 16, 16, rw | PERM_INHERIT),
+            TopicConfig(broker, 1, 1, rw | PERM_INHERIT),
+            TopicConfig("OFFSET_MOVED_EVENT", 1, 1, rw),
+            TopicConfig(SCHEDULE_TOPIC, delay_levels, delay_levels, rw),
+            TopicConfig(f"{cluster}_REPLY_TOPIC", 1, 1, rw),
+        ]
+        if self.auto_create_topic_enable:
+            topics.append(TopicConfig(DEFAULT_TOPIC, default_queues, default_queues, rw | PERM_INHERIT))
+        return topics
+
+    def _table(self) -> TopicConfigTable:
+        return self.table
+
+    def get(self, topic: str) -> TopicConfig | None:
+        with self._lock:
+            return self.table.get(topic)
+
+    def put(self, config: TopicConfig) -> None:
+        """Create or update a topic (UPDATE_AND_CREATE_TOPIC) and persist."""
+        with self._lock:
+            self.table.put(config)
+            self._changed()
+            self.persist()
+
+    def create_topic_in_send_message(self, topic: str, default_topic: str = DEFAULT_TOPIC,
+                                     client_default_queue_nums: int = 4, topic_sys_flag: int = 0) -> TopicConfig | None:
+        """Auto-create on send (remoting-protocol.md 9.3): the template must have PERM_INHERIT; the
+        new topic gets ``min(client queues, template write queues)`` queues and the template's perm
+        without the inherit bit. None when the template is missing or not inheritable."""
+        with self._lock:
+            existing = self.table.get(topic)
+            if existing is not None:
+                return existing
+            template = self.table.get(default_topic)
+            if template is None:
+                log.warning("cannot auto-create %s: template topic %s does not exist", topic, default_topic)
+                return None
+            perm = template.perm
+            if default_topic == DEFAULT_TOPIC and not self.auto_create_topic_enable:
+                perm = PERM_READ | PERM_WRITE
+            if not perm & PERM_INHERIT:
+                log.warning("cannot auto-create %s: template %s has no inherit permission", topic, default_topic)
+                return None
+            queues = max(0, min(client_default_queue_nums, template.write_queue_nums))
+            config = TopicConfig(topic, queues, queues, perm & ~PERM_INHERIT,
+                                 topic_filter_type=template.topic_filter_type, topic_sys_flag=topic_sys_flag)
+            self.put(config)
+            log.info("auto-created topic %s from %s with %d queues", topic, default_topic, queues)
+            return config
+
+    def create_topic_in_send_back(self, topic: str, queue_nums: int, perm: int = PERM_READ | PERM_WRITE,
+                                  topic_sys_flag: int = 0) -> TopicConfig:
+        """``%RETRY%``/``%DLQ%`` topics: created on first use with the given queues and perm."""
+        with self._lock:
+            existing = self.table.get(topic)
+            if existing is not None:
+                return existing
+            config = TopicConfig(topic, queue_nums, queue_nums, perm, topic_sys_flag=topic_sys_flag)
+            self.put(config)
+            log.info("created topic %s with %d queues", topic, queue_nums)
+            return config
+
+
+class SubscriptionGroupManager(_Persistent):
+    """``subscriptionGroup.json``; groups are auto-created on first lookup when enabled (the
+    default), with ``SubscriptionGroupConfig`` defaults (16 retries, 1 retry queue)."""
+
+    def __init__(self, store_dir: str | os.PathLike, *, auto_create: bool = True, fsync: bool = True) -> None:
+        super().__init__(config_path(store_dir, SUBSCRIPTION_GROUP_FILE), fsync)
+        self.auto_create = auto_create
+        self.table: SubscriptionGroupTable = SubscriptionGroupTable.load(self.path)
+        seeded = False
+        for name in SYSTEM_GROUPS:
+            if name not in self.table:
+                self.table.groups[name] = SubscriptionGroupConfig(name)
+                seeded = True
+        if seeded:
+            self._changed()
+
+    def _table(self) -> SubscriptionGroupTable:
+        return self.table
+
+    def get(self, group: str) -> SubscriptionGroupConfig | None:
+        with self._lock:
+            return self.table.get(group)
+
+    def find(self, group: str) -> SubscriptionGroupConfig | None:
+        """``findSubscriptionGroupConfig``: the group, auto-created (and persisted) if enabled."""
+        with self._lock:
+            config = self.table.get(group)
+            if config is None and self.auto_create:
+                config = SubscriptionGroupConfig(group)
+                self.put(config)
+                log.info("auto-created subscription group %s", group)
+            return config
+
+    def put(self, config: SubscriptionGroupConfig) -> None:
+        with self._lock:
+            self.table.put(config)
+            self._changed()
+            self.persist()
+
+
+class ConsumerOffsetManager(_Persistent):
+    """``consumerOffset.json``: committed offsets, written periodically and on close (not per commit)."""
+
+    def __init__(self, store_dir: str | os.PathLike, *, fsync: bool = True) -> None:
+        super().__init__(config_path(store_dir, CONSUMER_OFFSET_FILE), fsync)
+        self.table: ConsumerOffsetTable = ConsumerOffsetTable.load(self.path)
+
+    def _table(self) -> ConsumerOffsetTable:
+        return self.table
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        with self._lock:
+            if self.table.offsets.get(f"{topic}@{group}", {}).get(queue_id) != offset:
+                self.table.set_offset(group, topic, queue_id, offset)
+                self._changed()
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, -1 when none (Apache's ``queryOffset``)."""
+        with self._lock:
+            return self.table.offsets.get(f"{topic}@{group}", {}).get(queue_id, -1)
+
+    def offsets_for(self, group: str, topic: str) -> dict[int, int]:
+        with self._lock:
+            return self.table.offsets_for(group, topic)
+
+
+class DelayOffsetManager(_Persistent):
+    """``delayOffset.json``: per delay level, the next ``SCHEDULE_TOPIC_XXXX`` offset to deliver."""
+
+    def __init__(self, store_dir: str | os.PathLike, *, fsync: bool = True) -> None:
+        super().__init__(config_path(store_dir, DELAY_OFFSET_FILE), fsync)
+        self.table: DelayOffsetTable = DelayOffsetTable.load(self.path)
+
+    def _table(self) -> DelayOffsetTable:
+        return self.table
+
+    def get(self, level: int) -> int:
+        with self._lock:
+            return self.table.offset_for(level) or 0
+
+    def set(self, level: int, offset: int) -> None:
+        with self._lock:
+            if self.table.offset_for(level) != offset:
+                self.table.set_offset(level, offset)
+                self._changed()
+
+
+def resolve_consumer_offset(committed: int, min_offset: Callable[[], int], offset_zero_in_disk: Callable[[], bool],
+                            set_zero_if_not_found: bool = True) -> int | None:
+    """QUERY_CONSUMER_OFFSET (remoting-protocol.md 9.5): the committed offset if any; else 0 when
+    allowed and the queue still starts at 0 with offset 0 not swapped out to disk (4.9.8's check,
+    which also answers 0 for an empty queue); else None (response 22, "maybe this group consumer
+    boot first")."""
+    if committed >= 0:
+        return committed
+    if not set_zero_if_not_found:
+        return None
+    if min_offset() <= 0 and not offset_zero_in_disk():
+        return 0
+    return None
