@@ -223,6 +223,31 @@ def cmd_namesrv_start(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---- broker subcommands --------------------------------------------------------------------------
+def cmd_broker_start(args: argparse.Namespace) -> int:
+    from broker.remoting.transport import parse_address
+    from broker.server.broker import run_broker
+    from broker.server.settings import SettingsError, load_settings
+
+    overrides: dict = {"broker_name": args.name, "namesrv_addr": args.namesrv,
+                       "flush_disk_type": args.flush_disk_type, "request_processes": args.processes}
+    if args.listen:
+        host, port = parse_address(args.listen)
+        overrides.update(listen_host=host, listen_port=port)
+        if host not in ("0.0.0.0", "::", ""):
+            overrides.setdefault("broker_ip1", host)
+    try:
+        settings = load_settings(args.config, **overrides)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return run_broker(settings, str(args.store), logging.getLogger().level)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FINDINGS
+
+
 # ---- parser ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rocketlake", description="Batch analytics and replay over Apache RocketMQ broker stores.")
@@ -293,6 +318,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--broker-timeout", type=_positive_seconds, default=120.0, metavar="SECONDS",
                    help="drop a broker silent for this long (default 120)")
     p.set_defaults(func=cmd_namesrv_start)
+
+    broker = sub.add_parser("broker", help="run a RocketMQ-compatible broker",
+                            description="A multiprocessing broker speaking the RocketMQ remoting protocol; it "
+                                        "writes the standard Apache RocketMQ store.")
+    bsub = broker.add_subparsers(dest="broker_command", required=True, metavar="SUBCOMMAND")
+    p = bsub.add_parser("start", help="serve until SIGINT/SIGTERM (clean shutdown: flush, checkpoint)",
+                        description="Start the store process and the network processes; SIGTERM stops cleanly.")
+    p.add_argument("--store", type=Path, required=True, metavar="DIR", help="store directory (created if missing)")
+    p.add_argument("--listen", type=_listen_address, default=None,
+                   help="host:port to listen on (default 127.0.0.1:10911)")
+    p.add_argument("--namesrv", default=None, help="name server address(es), host:port;host:port")
+    p.add_argument("--name", default=None, help="broker name (default broker-a)")
+    p.add_argument("--config", type=Path, default=None, help="broker.toml with Apache broker.conf keys")
+    p.add_argument("--flush-disk-type", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], default=None)
+    p.add_argument("--processes", type=_positive, default=None, help="network processes (default: cores)")
+    p.set_defaults(func=cmd_broker_start)
     return parser
 
 

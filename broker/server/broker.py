@@ -1,0 +1,442 @@
+"""The broker's processes and how they are started and stopped.
+
+Process layout (see the README's architecture section for the reasons):
+
+* **supervisor** (the ``rocketlake broker start`` process): starts the others, forwards SIGTERM/SIGINT,
+  and stops them in order: network first (no new requests), then the store (flush, checkpoint,
+  remove ``abort``).
+* **store process**: owns the store directory — CommitLog append and flush (group commit for
+  SYNC_FLUSH), ConsumeQueue/IndexFile dispatch, the schedule service, consumer offsets and every
+  other piece of metadata, the client registry, and name-server registration (every 30 s and right
+  after a topic is created). It runs :class:`~broker.server.processors.BrokerCore` on a thread pool
+  and serves the network processes over a Unix socket (:mod:`broker.server.ipc`).
+* **network processes** (``requestProcesses``, default = cores): each accepts on the same TCP port
+  (SO_REUSEPORT), decodes frames and headers, forwards requests to the store process, encodes the
+  replies, parks long-polling pulls until their queue grows, and sends NOTIFY_CONSUMER_IDS_CHANGED
+  to its own connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.remoting.bodies import RegisterBrokerBody
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
+from broker.remoting.headers import RegisterBrokerRequestHeader, UnRegisterBrokerRequestHeader
+from broker.remoting.transport import Connection, RemotingServer, SyncRemotingClient
+from broker.server.message_store import MessageStore, StoreSettings
+from broker.server.processors import BrokerCore, Reply, Request
+from broker.server.schedule import ScheduleService
+from broker.server.settings import BrokerSettings
+from broker.store.hosts import Host
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 120.0
+
+
+def store_settings(s: BrokerSettings) -> StoreSettings:
+    return StoreSettings(
+        segment_bytes=s.mapped_file_size_commit_log, cq_file_bytes=s.mapped_file_size_consume_queue,
+        index_slots=s.max_hash_slot_num, index_entries=s.max_index_num, flush_disk_type=s.flush_disk_type,
+        flush_interval_ms=s.flush_interval_commit_log, sync_flush_timeout_ms=s.sync_flush_timeout,
+        persist_interval_ms=s.flush_consumer_offset_interval, message_delay_level=s.message_delay_level,
+        max_message_size=s.max_message_size, store_host=Host.parse(s.broker_addr),
+        cluster_name=s.broker_cluster_name, broker_name=s.broker_name,
+        check_crc_on_recover=s.check_crc_on_recover, auto_create_topic_enable=s.auto_create_topic_enable,
+        auto_create_subscription_group=s.auto_create_subscription_group)
+
+
+# =====================================================================================================
+# store process
+# =====================================================================================================
+class NameServerRegistrar:
+    """Registers the broker's topics with every name server: periodically and when topics change."""
+
+    def __init__(self, settings: BrokerSettings, store: MessageStore) -> None:
+        self.settings = settings
+        self.store = store
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="namesrv-register", daemon=True)
+        self._clients = {addr: SyncRemotingClient(addr) for addr in settings.namesrv_addrs}
+
+    def start(self) -> None:
+        if self._clients:
+            self._thread.start()
+
+    def changed(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        period = max(10_000, min(60_000, self.settings.register_name_server_period)) / 1000
+        while not self._stop.is_set():
+            self.register_once()
+            self._wake.wait(period)
+            self._wake.clear()
+
+    def _header(self) -> dict[str, str]:
+        s = self.settings
+        return RegisterBrokerRequestHeader(broker_name=s.broker_name, broker_addr=s.broker_addr,
+                                           cluster_name=s.broker_cluster_name, ha_server_addr="",
+                                           broker_id=s.broker_id).to_ext()
+
+    def register_once(self) -> None:
+        body = RegisterBrokerBody(self.store.topics.table).encode()
+        for addr, client in self._clients.items():
+            try:
+                resp = client.invoke(RemotingCommand.request(RequestCode.REGISTER_BROKER, self._header(), body),
+                                     timeout=3.0)
+                if resp.code != ResponseCode.SUCCESS:
+                    log.warning("name server %s refused registration: %s %s", addr, resp.code, resp.remark)
+            except Exception as exc:
+                log.warning("cannot register with name server %s: %s", addr, exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        s = self.settings
+        ext = UnRegisterBrokerRequestHeader(broker_name=s.broker_name, broker_addr=s.broker_addr,
+                                            cluster_name=s.broker_cluster_name, broker_id=s.broker_id).to_ext()
+        for addr, client in self._clients.items():
+            try:
+                client.invoke(RemotingCommand.request(RequestCode.UNREGISTER_BROKER, ext), timeout=2.0)
+            except Exception as exc:
+                log.info("unregister from %s failed: %s", addr, exc)
+            client.close()
+
+
+class _GrowthBatcher:
+    """Coalesces "queue grew" notices into one IPC event every few ms (long-polling wake-ups)."""
+
+    def __init__(self, send, interval_s: float = 0.002) -> None:
+        self._send = send
+        self._pending: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._interval = interval_s
+        self._stop = False
+        threading.Thread(target=self._run, name="grow-events", daemon=True).start()
+
+    def grew(self, topic: str, queue_id: int, max_offset: int) -> None:
+        with self._lock:
+            self._pending[(topic, queue_id)] = max_offset
+        self._event.set()
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._event.wait()
+            time.sleep(self._interval)
+            self._event.clear()
+            with self._lock:
+                items, self._pending = self._pending, {}
+            if items:
+                self._send(("grew", [(t, q, o) for (t, q), o in items.items()]))
+
+    def stop(self) -> None:
+        self._stop = True
+        self._event.set()
+
+
+def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: str, ready, log_level: int) -> None:
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [store] %(name)s: %(message)s")
+    from broker.server.ipc import IpcServer
+
+    store = MessageStore(store_dir, store_settings(settings))
+    report = store.open()
+    log.info("store opened: %s", report.summary() if hasattr(report, "summary") else report)
+    store.start_background()
+    schedule = ScheduleService(store)
+    schedule.start()
+    registrar = NameServerRegistrar(settings, store)
+    core = BrokerCore(store, cluster_name=settings.broker_cluster_name, broker_name=settings.broker_name,
+                      broker_addr=settings.broker_addr, max_message_size=settings.max_message_size,
+                      auto_create_topic=settings.auto_create_topic_enable, on_topics_changed=registrar.changed)
+    server: IpcServer | None = None
+
+    def handle(req: Request) -> Reply:
+        reply = core.process(req)
+        for note in reply.notify:
+            server.broadcast(("notify", note.group, note.channels))
+        reply.notify = []
+        return reply
+
+    def on_closed(channel) -> None:
+        for note in core.channel_closed(channel):
+            server.broadcast(("notify", note.group, note.channels))
+
+    server = IpcServer(socket_path, handle, on_closed)
+    growth = _GrowthBatcher(server.broadcast)
+    store.add_dispatch_listener(growth.grew)
+    server.start()
+    registrar.start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    ready.set()
+
+    def expire_clients() -> None:
+        while not stop.wait(10):
+            for note in core.clients.scan_expired():
+                server.broadcast(("notify", note.group, note.channels))
+
+    threading.Thread(target=expire_clients, name="client-expiry", daemon=True).start()
+    stop.wait()
+    log.info("store process stopping")
+    registrar.stop()
+    schedule.stop()
+    growth.stop()
+    server.close()
+    store.close()
+    log.info("store closed cleanly")
+
+
+# =====================================================================================================
+# network processes
+# =====================================================================================================
+class NetworkFrontend:
+    """One network process: TCP ↔ frames ↔ store process, plus long polling."""
+
+    def __init__(self, settings: BrokerSettings, socket_path: str) -> None:
+        self.settings = settings
+        self.socket_path = socket_path
+        self.pid = os.getpid()
+        self._conn_ids: dict[int, Connection] = {}
+        self._next_conn = 0
+        self._waiters: dict[tuple[str, int], list[tuple[int, asyncio.Future]]] = {}
+        from broker.server.ipc import IpcClient
+
+        self.link = IpcClient(socket_path, self._on_event)
+        self.server = RemotingServer(settings.listen_host, settings.listen_port, self.process,
+                                     max_frame=settings.max_frame_length, name="broker", reuse_port=True)
+
+    def _channel(self, conn: Connection) -> tuple[int, int]:
+        ident = conn.attributes.get("rocketlake.channel")
+        if ident is None:
+            self._next_conn += 1
+            ident = (self.pid, self._next_conn)
+            conn.attributes["rocketlake.channel"] = ident
+            self._conn_ids[ident[1]] = conn
+
+            def closed(*_args) -> None:
+                self._conn_ids.pop(ident[1], None)
+                self.link.notify_closed(ident)
+
+            conn.add_close_callback(closed)
+        return ident
+
+    def _on_event(self, event) -> None:
+        if event[0] == "grew":
+            for topic, qid, max_offset in event[1]:
+                waiters = self._waiters.get((topic, qid))
+                if not waiters:
+                    continue
+                keep = []
+                for offset, fut in waiters:
+                    if max_offset > offset and not fut.done():
+                        fut.set_result(True)
+                    elif not fut.done():
+                        keep.append((offset, fut))
+                if keep:
+                    self._waiters[(topic, qid)] = keep
+                else:
+                    self._waiters.pop((topic, qid), None)
+        elif event[0] == "notify":
+            _, group, channels = event
+            for pid, serial in channels:
+                if pid != self.pid:
+                    continue
+                conn = self._conn_ids.get(serial)
+                if conn is not None and not conn.closed:
+                    cmd = RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+                                                  {"consumerGroup": group}, oneway=True)
+                    asyncio.ensure_future(self._notify(conn, cmd))
+
+    async def _notify(self, conn: Connection, cmd: RemotingCommand) -> None:
+        try:
+            await conn.send_oneway(cmd)
+        except Exception as exc:
+            log.debug("notify to %s failed: %s", conn.peer, exc)
+
+    async def _park(self, topic: str, qid: int, offset: int, timeout_ms: int) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault((topic, qid), []).append((offset, fut))
+        try:
+            await asyncio.wait_for(fut, timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            waiters = self._waiters.get((topic, qid))
+            if waiters:
+                self._waiters[(topic, qid)] = [w for w in waiters if w[1] is not fut]
+                if not self._waiters[(topic, qid)]:
+                    del self._waiters[(topic, qid)]
+
+    async def process(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        req = Request(code=cmd.code, ext=dict(cmd.ext_fields), body=cmd.body, channel=self._channel(conn),
+                      peer=conn.peer, language=str(cmd.language), version=int(cmd.version or 0))
+        try:
+            reply: Reply = await self.link.call(req)
+            if reply.suspend is not None:
+                topic, qid, offset, timeout = reply.suspend
+                await self._park(topic, qid, offset, timeout)
+                req.resumed = True
+                reply = await self.link.call(req)
+        except ConnectionError:
+            return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, "broker is shutting down")
+        if cmd.is_oneway:
+            return None
+        return cmd.response(reply.code, reply.remark, reply.ext, reply.body)
+
+    async def run(self, ready, stop: asyncio.Event) -> None:
+        await self.link.connect()
+        await self.server.start()
+        ready.set()
+        closed = asyncio.create_task(self.link.closed.wait())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({closed, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        await self.server.stop()
+        await self.link.close()
+
+
+def network_process_main(settings: BrokerSettings, socket_path: str, ready, log_level: int) -> None:
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [net] %(name)s: %(message)s")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await NetworkFrontend(settings, socket_path).run(ready, stop)
+
+    asyncio.run(main())
+
+
+# =====================================================================================================
+# supervisor
+# =====================================================================================================
+@dataclass
+class BrokerProcesses:
+    store: mp.Process
+    network: list[mp.Process]
+    socket_dir: str
+
+
+class Broker:
+    """Starts and stops one broker (store process + network processes)."""
+
+    def __init__(self, settings: BrokerSettings, store_dir: str | os.PathLike, log_level: int = logging.WARNING) -> None:
+        self.settings = settings
+        self.store_dir = str(Path(store_dir).resolve())
+        self.log_level = log_level
+        self.procs: BrokerProcesses | None = None
+        self._ctx = mp.get_context("spawn")
+
+    def start(self) -> None:
+        Path(self.store_dir).mkdir(parents=True, exist_ok=True)
+        sock_dir = tempfile.mkdtemp(prefix="rocketlake-broker-")
+        socket_path = os.path.join(sock_dir, "store.sock")
+        ready = self._ctx.Event()
+        store = self._ctx.Process(target=store_process_main, name="rocketlake-store",
+                                  args=(self.settings, self.store_dir, socket_path, ready, self.log_level))
+        store.start()
+        self.procs = BrokerProcesses(store, [], sock_dir)
+        self._wait(ready, store, "store process")
+        for i in range(self.settings.request_processes):
+            net_ready = self._ctx.Event()
+            proc = self._ctx.Process(target=network_process_main, name=f"rocketlake-net-{i}",
+                                     args=(self.settings, socket_path, net_ready, self.log_level))
+            proc.start()
+            self.procs.network.append(proc)
+            self._wait(net_ready, proc, f"network process {i}")
+        log.info("broker %s listening on %s:%d (%d network processes)", self.settings.broker_name,
+                 self.settings.listen_host, self.settings.listen_port, len(self.procs.network))
+
+    def _wait(self, ready, proc: mp.Process, what: str) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not ready.wait(0.1):
+            if not proc.is_alive():
+                self.stop()
+                raise RuntimeError(f"{what} exited with code {proc.exitcode} during start-up (see its log)")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{what} did not start within {READY_TIMEOUT_S:.0f} s")
+
+    @property
+    def pids(self) -> list[int]:
+        if self.procs is None:
+            return []
+        return [p.pid for p in [self.procs.store, *self.procs.network] if p.pid]
+
+    def alive(self) -> bool:
+        return self.procs is not None and self.procs.store.is_alive() and all(p.is_alive() for p in self.procs.network)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Clean shutdown: network processes first, then the store (flush, checkpoint, no abort)."""
+        if self.procs is None:
+            return
+        for proc in self.procs.network:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self.procs.network:
+            proc.join(timeout)
+        if self.procs.store.is_alive():
+            self.procs.store.terminate()
+            self.procs.store.join(timeout)
+        for proc in [*self.procs.network, self.procs.store]:
+            if proc.is_alive():
+                log.error("%s did not stop in %.0f s; killing it", proc.name, timeout)
+                proc.kill()
+                proc.join()
+        shutil.rmtree(self.procs.socket_dir, ignore_errors=True)
+        self.procs = None
+
+    def kill(self) -> None:
+        """``kill -9`` every process at once (crash tests)."""
+        if self.procs is None:
+            return
+        for proc in [self.procs.store, *self.procs.network]:
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGKILL)
+        for proc in [self.procs.store, *self.procs.network]:
+            proc.join()
+        shutil.rmtree(self.procs.socket_dir, ignore_errors=True)
+        self.procs = None
+
+    def __enter__(self) -> "Broker":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def run_broker(settings: BrokerSettings, store_dir: str, log_level: int = logging.WARNING) -> int:
+    """Foreground broker for the CLI: runs until SIGTERM/SIGINT, then stops cleanly."""
+    broker = Broker(settings, store_dir, log_level)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    broker.start()
+    print(f"broker {settings.broker_name} listening on {settings.listen_host}:{settings.listen_port}, "
+          f"store {store_dir}", flush=True)
+    try:
+        while not stop.wait(1.0):
+            if not broker.alive():
+                log.error("a broker process died; stopping the broker")
+                broker.stop()
+                return 1
+    finally:
+        broker.stop()
+    return 0

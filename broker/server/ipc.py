@@ -1,0 +1,198 @@
+"""The link between the network processes and the store process: pickled frames over a Unix socket.
+
+Frames are a 4-byte big-endian length and a pickled tuple ``(kind, id, payload)``:
+
+* network → store: ``("req", id, Request)`` and ``("closed", 0, channel)``;
+* store → network: ``("rep", id, Reply)`` and ``("event", 0, event)`` where an event is
+  ``("grew", [(topic, queue_id, max_offset), …])`` (for long polling) or
+  ``("notify", group, channels)`` (NOTIFY_CONSUMER_IDS_CHANGED to send).
+
+Only processes of one broker talk over this socket (it lives in a private temporary directory), so
+pickle is safe here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import pickle
+import socket
+import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+_LEN = struct.Struct(">I")
+MAX_IPC_FRAME = 64 * 1024 * 1024
+
+
+def pack(kind: str, ident: int, payload: Any) -> bytes:
+    data = pickle.dumps((kind, ident, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    return _LEN.pack(len(data)) + data
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+class IpcServer:
+    """Store side: one reader thread per network process, requests run on a thread pool.
+
+    ``handle(kind, payload)`` returns the reply payload for ``req`` frames; ``closed`` frames are
+    passed to ``on_closed``. ``broadcast`` sends an event to every connected network process.
+    """
+
+    def __init__(self, path: str, handle: Callable[[Any], Any], on_closed: Callable[[Any], None],
+                 workers: int = 16) -> None:
+        self.path = path
+        self._handle = handle
+        self._on_closed = on_closed
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="broker-core")
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(path)
+        self._sock.listen(64)
+        self._conns: list[tuple[socket.socket, threading.Lock]] = []
+        self._conns_lock = threading.Lock()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._accept_loop, name="ipc-accept", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._stopping:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            lock = threading.Lock()
+            with self._conns_lock:
+                self._conns.append((conn, lock))
+            threading.Thread(target=self._read_loop, args=(conn, lock), name="ipc-read", daemon=True).start()
+
+    def _send(self, conn: socket.socket, lock: threading.Lock, frame: bytes) -> None:
+        try:
+            with lock:
+                conn.sendall(frame)
+        except OSError:
+            pass  # the network process is gone; its reader thread cleans up
+
+    def _read_loop(self, conn: socket.socket, lock: threading.Lock) -> None:
+        try:
+            while True:
+                head = _recv_exact(conn, 4)
+                if head is None:
+                    return
+                (size,) = _LEN.unpack(head)
+                if size > MAX_IPC_FRAME:
+                    log.error("IPC frame of %d bytes refused", size)
+                    return
+                data = _recv_exact(conn, size)
+                if data is None:
+                    return
+                kind, ident, payload = pickle.loads(data)
+                if kind == "req":
+                    self._pool.submit(self._run, conn, lock, ident, payload)
+                elif kind == "closed":
+                    self._pool.submit(self._on_closed, payload)
+        except OSError:
+            return
+        finally:
+            with self._conns_lock:
+                self._conns = [(c, lk) for c, lk in self._conns if c is not conn]
+            conn.close()
+
+    def _run(self, conn: socket.socket, lock: threading.Lock, ident: int, payload: Any) -> None:
+        reply = self._handle(payload)
+        self._send(conn, lock, pack("rep", ident, reply))
+
+    def broadcast(self, event: Any) -> None:
+        frame = pack("event", 0, event)
+        with self._conns_lock:
+            conns = list(self._conns)
+        for conn, lock in conns:
+            self._send(conn, lock, frame)
+
+    def close(self) -> None:
+        self._stopping = True
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        with self._conns_lock:
+            for conn, _ in self._conns:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        self._pool.shutdown(wait=True, cancel_futures=False)
+
+
+class IpcClient:
+    """Network-process side (asyncio): ``await call(request)`` → reply; events go to ``on_event``."""
+
+    def __init__(self, path: str, on_event: Callable[[Any], None]) -> None:
+        self.path = path
+        self._on_event = on_event
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task | None = None
+        self.closed = asyncio.Event()
+
+    async def connect(self) -> None:
+        reader, self._writer = await asyncio.open_unix_connection(self.path, limit=MAX_IPC_FRAME)
+        self._reader_task = asyncio.create_task(self._read_loop(reader))
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                head = await reader.readexactly(4)
+                (size,) = _LEN.unpack(head)
+                kind, ident, payload = pickle.loads(await reader.readexactly(size))
+                if kind == "rep":
+                    fut = self._pending.pop(ident, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(payload)
+                elif kind == "event":
+                    try:
+                        self._on_event(payload)
+                    except Exception:
+                        log.exception("IPC event handler failed")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.closed.set()
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(ConnectionError("store process is gone"))
+            self._pending.clear()
+
+    async def call(self, payload: Any) -> Any:
+        if self._writer is None or self.closed.is_set():
+            raise ConnectionError("store process is gone")
+        ident = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[ident] = fut
+        self._writer.write(pack("req", ident, payload))
+        return await fut
+
+    def notify_closed(self, channel: Any) -> None:
+        if self._writer is not None and not self.closed.is_set():
+            self._writer.write(pack("closed", 0, channel))
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._reader_task is not None:
+            self._reader_task.cancel()

@@ -1,0 +1,577 @@
+"""Request processors: what the broker answers to each remoting request.
+
+``BrokerCore`` holds every piece of broker state (the MessageStore, topic/group/offset managers,
+the client registry, queue locks) and turns a request into a reply. It runs in the store process;
+the network processes forward decoded requests to it and write its replies back (see
+:mod:`broker.server.broker`). Keeping the logic here, in one process, means metadata has exactly
+one writer and no cross-process locking.
+
+Long polling is a reply too: a PULL that finds nothing and may be held comes back as
+``Reply.suspend``; the network process parks it and asks again when the queue grows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from broker.remoting.bodies import (
+    ConsumeStats,
+    ConsumerIdList,
+    HeartbeatData,
+    LockBatchRequestBody,
+    LockBatchResponseBody,
+    MessageQueue,
+    OffsetWrapper,
+    TopicOffset,
+    TopicStatsTable,
+    dumps_json,
+)
+from broker.remoting.codes import PermName, PullSysFlag, RequestCode, ResponseCode
+from broker.remoting.command import HeaderError, ProtocolError
+from broker.remoting.headers import (
+    ConsumerSendMsgBackRequestHeader,
+    CreateTopicRequestHeader,
+    GetConsumeStatsRequestHeader,
+    GetConsumerListByGroupRequestHeader,
+    GetEarliestMsgStoretimeRequestHeader,
+    GetMaxOffsetRequestHeader,
+    GetMinOffsetRequestHeader,
+    GetTopicStatsInfoRequestHeader,
+    PullMessageRequestHeader,
+    QueryConsumerOffsetRequestHeader,
+    QueryMessageRequestHeader,
+    SearchOffsetRequestHeader,
+    SendMessageRequestHeader,
+    UnregisterClientRequestHeader,
+    UpdateConsumerOffsetRequestHeader,
+    ViewMessageRequestHeader,
+)
+from broker.server.clients import ClientRegistry, Notify
+from broker.server.message_store import GetStatus, MessageStore, PutResult, PutStatus
+from broker.store.batch import BatchFormatError, decode_batch
+from broker.store.config_files import SubscriptionGroupConfig, TopicConfig
+from broker.store.constants import (
+    COMPRESSED_FLAG,
+    COMPRESSION_TYPE_MASK,
+    MAX_PROPERTIES_LENGTH,
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_CLUSTER,
+    PROPERTY_SEPARATOR,
+    PROPERTY_UNIQ_KEY,
+    PROPERTY_WAIT,
+)
+from broker.store.hosts import Host
+from broker.store.message import MessageRecord
+from broker.store.message_id import UniqKeyGenerator
+from broker.store.properties import decode_properties, encode_properties
+from broker.store.topics import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    InvalidTopicError,
+    consumer_group_of,
+    dlq_topic,
+    is_retry_topic,
+    retry_topic,
+    validate_topic,
+)
+
+log = logging.getLogger(__name__)
+
+LOCK_MAX_LIVE_S = 60.0  # rocketmq.broker.rebalance.lockMaxLiveTime
+MAX_PULL_MESSAGES = 32  # maxTransferCountOnMessageInMemory
+MAX_PULL_BYTES = 256 * 1024  # maxTransferBytesOnMessageInMemory
+RETRY_TOPIC_MAX_LENGTH = 255
+V3_4_9 = 121  # clients at or above honour maxReconsumeTimes from the send-back header
+
+
+@dataclass
+class Request:
+    code: int
+    ext: dict[str, str]
+    body: bytes = b""
+    channel: object = None  # opaque id of the client connection (handler id, connection number)
+    peer: str = ""  # "ip:port" of the client
+    language: str = ""
+    version: int = 0
+    resumed: bool = False  # a parked pull asked again: do not park it a second time
+
+
+@dataclass
+class Reply:
+    code: int = ResponseCode.SUCCESS
+    remark: str | None = None
+    ext: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    suspend: tuple[str, int, int, int] | None = None  # (topic, queue id, offset, timeout ms) to park
+    notify: list[Notify] = field(default_factory=list)  # NOTIFY_CONSUMER_IDS_CHANGED to send
+
+
+def _error(code: int, remark: str) -> Reply:
+    return Reply(code=code, remark=remark)
+
+
+_PULL_CODES = {
+    GetStatus.FOUND: ResponseCode.SUCCESS,
+    GetStatus.NO_MATCHED_MESSAGE: ResponseCode.PULL_RETRY_IMMEDIATELY,
+    GetStatus.MESSAGE_WAS_REMOVING: ResponseCode.PULL_RETRY_IMMEDIATELY,
+    GetStatus.OFFSET_FOUND_NULL: ResponseCode.PULL_NOT_FOUND,
+    GetStatus.OFFSET_OVERFLOW_ONE: ResponseCode.PULL_NOT_FOUND,
+    GetStatus.OFFSET_OVERFLOW_BADLY: ResponseCode.PULL_OFFSET_MOVED,
+    GetStatus.OFFSET_TOO_SMALL: ResponseCode.PULL_OFFSET_MOVED,
+}
+
+_PUT_CODES = {
+    PutStatus.PUT_OK: ResponseCode.SUCCESS,
+    PutStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
+    PutStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
+    PutStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
+    PutStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+}
+
+
+def parse_tag_filter(expression: str | None) -> set[str] | None:
+    """``TagA || TagB`` → {"TagA", "TagB"}; ``*`` or empty → no filter."""
+    if expression is None:
+        return None
+    tags = {t.strip() for t in expression.split("||") if t.strip()}
+    if not tags or "*" in tags:
+        return None
+    return tags
+
+
+class BrokerCore:
+    """All request handling against one open MessageStore."""
+
+    def __init__(self, store: MessageStore, *, cluster_name: str, broker_name: str, broker_addr: str,
+                 max_message_size: int, auto_create_topic: bool = True,
+                 on_topics_changed: Callable[[], None] | None = None,
+                 clients: ClientRegistry | None = None) -> None:
+        self.store = store
+        self.cluster_name = cluster_name
+        self.broker_name = broker_name
+        self.broker_addr = broker_addr
+        self.store_host = Host.parse(broker_addr)
+        self.max_message_size = max_message_size
+        self.auto_create_topic = auto_create_topic
+        self.clients = clients or ClientRegistry()
+        self.on_topics_changed = on_topics_changed or (lambda: None)
+        self._uniq = UniqKeyGenerator(ip=self.store_host.address if len(self.store_host.address) == 4 else None)
+        self._locks: dict[tuple[str, MessageQueue], tuple[str, float]] = {}
+        self._locks_mutex = threading.Lock()
+        self._handlers: dict[int, Callable[[Request], Reply]] = {
+            RequestCode.SEND_MESSAGE: self.send_message,
+            RequestCode.SEND_MESSAGE_V2: self.send_message,
+            RequestCode.SEND_BATCH_MESSAGE: self.send_message,
+            RequestCode.PULL_MESSAGE: self.pull_message,
+            RequestCode.QUERY_CONSUMER_OFFSET: self.query_consumer_offset,
+            RequestCode.UPDATE_CONSUMER_OFFSET: self.update_consumer_offset,
+            RequestCode.GET_MAX_OFFSET: self.get_max_offset,
+            RequestCode.GET_MIN_OFFSET: self.get_min_offset,
+            RequestCode.GET_EARLIEST_MSG_STORETIME: self.get_earliest_msg_storetime,
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: self.search_offset_by_timestamp,
+            RequestCode.VIEW_MESSAGE_BY_ID: self.view_message_by_id,
+            RequestCode.QUERY_MESSAGE: self.query_message,
+            RequestCode.HEART_BEAT: self.heart_beat,
+            RequestCode.UNREGISTER_CLIENT: self.unregister_client,
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.get_consumer_list_by_group,
+            RequestCode.CONSUMER_SEND_MSG_BACK: self.consumer_send_msg_back,
+            RequestCode.LOCK_BATCH_MQ: self.lock_batch_mq,
+            RequestCode.UNLOCK_BATCH_MQ: self.unlock_batch_mq,
+            RequestCode.UPDATE_AND_CREATE_TOPIC: self.update_and_create_topic,
+            RequestCode.GET_ALL_TOPIC_CONFIG: self.get_all_topic_config,
+            RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: self.update_and_create_subscription_group,
+            RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: self.get_all_subscription_group_config,
+            RequestCode.GET_ALL_CONSUMER_OFFSET: self.get_all_consumer_offset,
+            RequestCode.GET_ALL_DELAY_OFFSET: self.get_all_delay_offset,
+            RequestCode.GET_TOPIC_STATS_INFO: self.get_topic_stats_info,
+            RequestCode.GET_CONSUME_STATS: self.get_consume_stats,
+            RequestCode.GET_BROKER_RUNTIME_INFO: self.get_broker_runtime_info,
+        }
+
+    # ---- entry -------------------------------------------------------------------------------------------
+    def process(self, req: Request) -> Reply:
+        handler = self._handlers.get(req.code)
+        if handler is None:
+            return _error(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request type {req.code} not supported")
+        try:
+            return handler(req)
+        except (HeaderError, ProtocolError) as exc:
+            log.info("bad request %d from %s: %s", req.code, req.peer, exc)
+            return _error(ResponseCode.SYSTEM_ERROR, str(exc))
+        except InvalidTopicError as exc:
+            return _error(ResponseCode.SYSTEM_ERROR, f"invalid topic: {exc}")
+        except Exception as exc:  # never let one request take the broker down
+            log.exception("request %d from %s failed", req.code, req.peer)
+            return _error(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+
+    # ---- topics --------------------------------------------------------------------------------------
+    def _check_topic_name(self, topic: str) -> None:
+        limit = RETRY_TOPIC_MAX_LENGTH if is_retry_topic(topic) or topic.startswith(DLQ_GROUP_TOPIC_PREFIX) else None
+        if limit is not None:
+            if len(topic) > limit:
+                raise InvalidTopicError(f"topic is {len(topic)} chars, the limit is {limit}")
+            validate_topic(topic[:127])  # characters only
+            for ch in topic:
+                if not (ch.isascii() and (ch.isalnum() or ch in "%|_-")):
+                    raise InvalidTopicError(f"topic {topic!r} has characters outside [%|a-zA-Z0-9_-]")
+        else:
+            validate_topic(topic)
+
+    def _topic_for_send(self, h: SendMessageRequestHeader) -> TopicConfig | None:
+        topics = self.store.topics
+        config = topics.get(h.topic)
+        if config is not None:
+            return config
+        if is_retry_topic(h.topic):
+            config = topics.create_topic_in_send_back(h.topic, 1)
+        elif self.auto_create_topic:
+            config = topics.create_topic_in_send_message(h.topic, h.default_topic or "TBW102",
+                                                         h.default_topic_queue_nums or 4)
+        if config is not None:
+            self.on_topics_changed()
+        return config
+
+    # ---- send ------------------------------------------------------------------------------------------
+    def send_message(self, req: Request) -> Reply:
+        h = SendMessageRequestHeader.from_ext(req.ext, v2=req.code in (RequestCode.SEND_MESSAGE_V2,
+                                                                        RequestCode.SEND_BATCH_MESSAGE))
+        self._check_topic_name(h.topic)
+        if len(req.body) > self.max_message_size and not h.batch:
+            return _error(ResponseCode.MESSAGE_ILLEGAL,
+                          f"message body size {len(req.body)} exceeds maxMessageSize {self.max_message_size}")
+        config = self._topic_for_send(h)
+        if config is None:
+            return _error(ResponseCode.TOPIC_NOT_EXIST,
+                          f"topic[{h.topic}] not exist, apply first please!")
+        if not config.perm & PermName.WRITE:
+            return _error(ResponseCode.NO_PERMISSION, f"the topic[{h.topic}] sending is forbidden")
+        queue_nums = max(config.read_queue_nums, config.write_queue_nums)
+        queue_id = h.queue_id
+        if queue_id < 0:
+            queue_id = random.randrange(max(config.write_queue_nums, 1))
+        elif queue_id >= queue_nums:
+            return _error(ResponseCode.SYSTEM_ERROR,
+                          f"request queueId[{queue_id}] is illegal, topic has {queue_nums} queues")
+        topic, reconsume = h.topic, h.reconsume_times or 0
+        if is_retry_topic(topic):
+            group = consumer_group_of(topic) or ""
+            sub = self.store.groups.find(group)
+            max_times = sub.retry_max_times if sub is not None else 16
+            if h.max_reconsume_times is not None and req.version >= V3_4_9:
+                max_times = h.max_reconsume_times
+            if reconsume > max_times:
+                topic, queue_id = dlq_topic(group), 0
+                if self.store.topics.get(topic) is None:
+                    self.store.topics.create_topic_in_send_back(topic, 1)
+                    self.on_topics_changed()
+        born = _peer_host(req.peer)
+        if h.batch:
+            return self._send_batch(h, req.body, topic, queue_id, born)
+        props = decode_properties(h.properties or "")
+        props.pop(PROPERTY_WAIT, None)
+        if PROPERTY_UNIQ_KEY not in props:
+            props[PROPERTY_UNIQ_KEY] = self._uniq.next()  # 5.x brokers do this: ids stay stable
+        props[PROPERTY_CLUSTER] = self.cluster_name
+        raw = encode_properties(props)
+        if len(raw.encode("utf-8")) > MAX_PROPERTIES_LENGTH:
+            return _error(ResponseCode.MESSAGE_ILLEGAL, f"properties of {len(raw)} chars exceed 32767 bytes")
+        rec = MessageRecord(topic=topic, body=req.body, properties_raw=raw, queue_id=queue_id, flag=h.flag,
+                            sys_flag=h.sys_flag, born_timestamp=h.born_timestamp, born_host=born,
+                            store_host=self.store_host, reconsume_times=reconsume)
+        return self._send_reply(self.store.put_message(rec), queue_id, props.get(PROPERTY_UNIQ_KEY))
+
+    def _send_batch(self, h: SendMessageRequestHeader, body: bytes, topic: str, queue_id: int,
+                    born: Host) -> Reply:
+        if is_retry_topic(topic):
+            return _error(ResponseCode.MESSAGE_ILLEGAL, "batch sends to a retry topic are not allowed")
+        if h.sys_flag & COMPRESSED_FLAG:  # the C++ client zlib-compresses whole batches >= 4 KiB
+            try:
+                body = zlib.decompress(body)
+            except zlib.error as exc:
+                return _error(ResponseCode.MESSAGE_ILLEGAL, f"compressed batch body does not inflate: {exc}")
+        try:
+            items = decode_batch(body)
+        except BatchFormatError as exc:
+            return _error(ResponseCode.MESSAGE_ILLEGAL, str(exc))
+        if not items:
+            return _error(ResponseCode.MESSAGE_ILLEGAL, "empty batch")
+        records = []
+        for item in items:
+            if len(item.body) > self.max_message_size:
+                return _error(ResponseCode.MESSAGE_ILLEGAL,
+                              f"batch item body size {len(item.body)} exceeds maxMessageSize")
+            raw = item.properties_raw
+            if raw and not raw.endswith(PROPERTY_SEPARATOR):
+                raw += PROPERTY_SEPARATOR
+            raw += f"{PROPERTY_CLUSTER}{NAME_VALUE_SEPARATOR}{self.cluster_name}"
+            records.append(MessageRecord(topic=topic, body=item.body, properties_raw=raw, queue_id=queue_id,
+                                         flag=item.flag, sys_flag=h.sys_flag & ~(COMPRESSED_FLAG | COMPRESSION_TYPE_MASK),
+                                         born_timestamp=h.born_timestamp, born_host=born,
+                                         store_host=self.store_host, reconsume_times=h.reconsume_times or 0))
+        return self._send_reply(self.store.put_messages(records), queue_id, None)
+
+    def _send_reply(self, result: PutResult, queue_id: int, uniq_key: str | None) -> Reply:
+        code = _PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
+        if code not in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT):
+            return _error(code, result.status.value)
+        ext = {"msgId": result.msg_id, "queueId": str(queue_id), "queueOffset": str(result.queue_offset)}
+        if uniq_key:
+            ext["transactionId"] = uniq_key
+        return Reply(code=code, remark=None if code == ResponseCode.SUCCESS else result.status.value, ext=ext)
+
+    # ---- pull ------------------------------------------------------------------------------------------
+    def pull_message(self, req: Request) -> Reply:
+        h = PullMessageRequestHeader.from_ext(req.ext)
+        if self.store.groups.find(h.consumer_group) is None:
+            return _error(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                          f"subscription group [{h.consumer_group}] does not exist")
+        config = self.store.topics.get(h.topic)
+        if config is None:
+            return _error(ResponseCode.TOPIC_NOT_EXIST, f"topic[{h.topic}] not exist, apply first please!")
+        if not config.perm & PermName.READ:
+            return _error(ResponseCode.NO_PERMISSION, f"the topic[{h.topic}] pulling message is forbidden")
+        if not 0 <= h.queue_id < config.read_queue_nums:
+            return _error(ResponseCode.INVALID_PARAMETER,
+                          f"queueId[{h.queue_id}] is illegal, topic:[{h.topic}] readQueueNums:[{config.read_queue_nums}]")
+        flags = h.sys_flag
+        if flags & PullSysFlag.SUBSCRIPTION:
+            tag_filter = parse_tag_filter(h.subscription)
+        else:
+            sub = self.clients.subscription(h.consumer_group, h.topic)
+            if sub is None:
+                return _error(ResponseCode.SUBSCRIPTION_NOT_EXIST,
+                              f"the consumer's subscription not exist, group: {h.consumer_group}")
+            tag_filter = parse_tag_filter(sub.sub_string)
+        got = self.store.get_messages(h.topic, h.queue_id, h.queue_offset,
+                                      max(1, min(h.max_msg_nums, MAX_PULL_MESSAGES)), MAX_PULL_BYTES, tag_filter)
+        if got.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE):
+            code = ResponseCode.PULL_OFFSET_MOVED if h.queue_offset != 0 else ResponseCode.PULL_NOT_FOUND
+        else:
+            code = _PULL_CODES.get(got.status, ResponseCode.SYSTEM_ERROR)
+        can_suspend = bool(flags & PullSysFlag.SUSPEND) and not req.resumed
+        if flags & PullSysFlag.COMMIT_OFFSET and h.commit_offset is not None and h.commit_offset >= 0 \
+                and not req.resumed:
+            self.store.commit_offset(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
+        if code == ResponseCode.PULL_NOT_FOUND and can_suspend:
+            timeout = h.suspend_timeout_millis if h.suspend_timeout_millis and h.suspend_timeout_millis > 0 else 15_000
+            return Reply(suspend=(h.topic, h.queue_id, h.queue_offset, timeout))
+        ext = {"nextBeginOffset": str(got.next_begin_offset), "minOffset": str(got.min_offset),
+               "maxOffset": str(got.max_offset), "suggestWhichBrokerId": "0"}
+        if code == ResponseCode.SUCCESS:
+            return Reply(code=code, ext=ext, body=got.body)
+        return Reply(code=code, remark=got.status.value, ext=ext)
+
+    # ---- offsets ---------------------------------------------------------------------------------------
+    def query_consumer_offset(self, req: Request) -> Reply:
+        h = QueryConsumerOffsetRequestHeader.from_ext(req.ext)
+        offset = self.store.query_consumer_offset(h.consumer_group, h.topic, h.queue_id,
+                                                  h.set_zero_if_not_found is not False)
+        if offset is None:
+            return _error(ResponseCode.QUERY_NOT_FOUND,
+                          "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
+        return Reply(ext={"offset": str(offset)})
+
+    def update_consumer_offset(self, req: Request) -> Reply:
+        h = UpdateConsumerOffsetRequestHeader.from_ext(req.ext)
+        self.store.commit_offset(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
+        return Reply()
+
+    def get_max_offset(self, req: Request) -> Reply:
+        h = GetMaxOffsetRequestHeader.from_ext(req.ext)
+        return Reply(ext={"offset": str(self.store.max_offset(h.topic, h.queue_id))})
+
+    def get_min_offset(self, req: Request) -> Reply:
+        h = GetMinOffsetRequestHeader.from_ext(req.ext)
+        return Reply(ext={"offset": str(self.store.min_offset(h.topic, h.queue_id))})
+
+    def get_earliest_msg_storetime(self, req: Request) -> Reply:
+        h = GetEarliestMsgStoretimeRequestHeader.from_ext(req.ext)
+        return Reply(ext={"timestamp": str(self.store.earliest_store_time(h.topic, h.queue_id))})
+
+    def search_offset_by_timestamp(self, req: Request) -> Reply:
+        h = SearchOffsetRequestHeader.from_ext(req.ext)
+        boundary = (h.boundary_type or "lower").lower()
+        return Reply(ext={"offset": str(self.store.search_offset_by_time(h.topic, h.queue_id, h.timestamp,
+                                                                          boundary))})
+
+    # ---- lookups ---------------------------------------------------------------------------------------
+    def view_message_by_id(self, req: Request) -> Reply:
+        h = ViewMessageRequestHeader.from_ext(req.ext)
+        try:
+            data = self.store.read_record_bytes(h.offset)
+        except Exception as exc:  # out of range, no record there
+            return _error(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {h.offset}: {exc}")
+        if not data:
+            return _error(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {h.offset}")
+        return Reply(body=data)
+
+    def query_message(self, req: Request) -> Reply:
+        h = QueryMessageRequestHeader.from_ext(req.ext)
+        result = self.store.query_by_key(h.topic, h.key, h.max_num or 64, h.begin_timestamp or 0,
+                                         h.end_timestamp if h.end_timestamp is not None else (1 << 63) - 1)
+        ext = {"indexLastUpdateTimestamp": "0", "indexLastUpdatePhyoffset": str(self.store.commitlog_max_offset)}
+        if not result.physical_offsets:
+            return Reply(code=ResponseCode.QUERY_NOT_FOUND, remark="can not find message, maybe time range not correct",
+                         ext=ext)
+        return Reply(ext=ext, body=result.body)
+
+    # ---- clients ---------------------------------------------------------------------------------------
+    def heart_beat(self, req: Request) -> Reply:
+        data = HeartbeatData.decode(req.body)
+        for consumer in data.consumers:
+            if self.store.groups.find(consumer.group_name) is not None:
+                retry = retry_topic(consumer.group_name)
+                if self.store.topics.get(retry) is None:
+                    self.store.topics.create_topic_in_send_back(retry, 1)
+                    self.on_topics_changed()
+        notes = self.clients.heartbeat(req.channel, data, req.language, req.version)
+        return Reply(notify=notes)
+
+    def unregister_client(self, req: Request) -> Reply:
+        h = UnregisterClientRequestHeader.from_ext(req.ext)
+        notes = self.clients.unregister(req.channel, h.producer_group or "", h.consumer_group or "")
+        return Reply(notify=notes)
+
+    def get_consumer_list_by_group(self, req: Request) -> Reply:
+        h = GetConsumerListByGroupRequestHeader.from_ext(req.ext)
+        ids = self.clients.consumer_ids(h.consumer_group)
+        if not ids:
+            return _error(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {h.consumer_group}")
+        return Reply(body=ConsumerIdList(ids).encode())
+
+    def channel_closed(self, channel: object) -> list[Notify]:
+        with self._locks_mutex:
+            client_ids = {c.client_id for info in self.clients.consumers.values()
+                          for ch, c in info.channels.items() if ch == channel}
+            for key in [k for k, (cid, _) in self._locks.items() if cid in client_ids]:
+                del self._locks[key]
+        return self.clients.channel_closed(channel)
+
+    def consumer_send_msg_back(self, req: Request) -> Reply:
+        h = ConsumerSendMsgBackRequestHeader.from_ext(req.ext)
+        max_times = h.max_reconsume_times if req.version >= V3_4_9 else None
+        result = self.store.consumer_send_back(h.group, h.offset, h.delay_level or 0, max_times)
+        if result.ok:
+            self.on_topics_changed()
+            return Reply()
+        codes = {"SUBSCRIPTION_GROUP_NOT_EXIST": ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                 "MESSAGE_NOT_FOUND": ResponseCode.SYSTEM_ERROR}
+        return _error(codes.get(result.status, ResponseCode.SYSTEM_ERROR), result.status)
+
+    def lock_batch_mq(self, req: Request) -> Reply:
+        body = LockBatchRequestBody.decode(req.body)
+        now = time.monotonic()
+        granted = []
+        with self._locks_mutex:
+            for mq in body.mq_set:
+                key = (body.consumer_group, mq)
+                holder = self._locks.get(key)
+                if holder is None or holder[0] == body.client_id or now - holder[1] > LOCK_MAX_LIVE_S:
+                    self._locks[key] = (body.client_id, now)
+                    granted.append(mq)
+        return Reply(body=LockBatchResponseBody(granted).encode())
+
+    def unlock_batch_mq(self, req: Request) -> Reply:
+        body = LockBatchRequestBody.decode(req.body)
+        with self._locks_mutex:
+            for mq in body.mq_set:
+                key = (body.consumer_group, mq)
+                if self._locks.get(key, ("",))[0] == body.client_id:
+                    del self._locks[key]
+        return Reply()
+
+    # ---- admin -----------------------------------------------------------------------------------------
+    def update_and_create_topic(self, req: Request) -> Reply:
+        h = CreateTopicRequestHeader.from_ext(req.ext)
+        self._check_topic_name(h.topic)
+        if h.topic == "TBW102" or h.topic == self.cluster_name:
+            return _error(ResponseCode.SYSTEM_ERROR, f"the topic[{h.topic}] is conflict with system reserved words")
+        self.store.topics.put(TopicConfig(h.topic, read_queue_nums=h.read_queue_nums,
+                                          write_queue_nums=h.write_queue_nums, perm=h.perm,
+                                          topic_filter_type=h.topic_filter_type or "SINGLE_TAG",
+                                          topic_sys_flag=h.topic_sys_flag or 0, order=bool(h.order)))
+        self.store.persist_metadata(force=True)
+        self.on_topics_changed()
+        return Reply()
+
+    def get_all_topic_config(self, req: Request) -> Reply:
+        return Reply(body=dumps_json(self.store.topics.table.to_json()))
+
+    def update_and_create_subscription_group(self, req: Request) -> Reply:
+        data = json.loads(req.body.decode("utf-8"))
+        config = SubscriptionGroupConfig.from_json(data)
+        self.store.groups.put(config)
+        self.store.persist_metadata(force=True)
+        return Reply()
+
+    def get_all_subscription_group_config(self, req: Request) -> Reply:
+        return Reply(body=dumps_json(self.store.groups.table.to_json()))
+
+    def get_all_consumer_offset(self, req: Request) -> Reply:
+        return Reply(body=dumps_json(self.store.consumer_offsets.table.to_json()))
+
+    def get_all_delay_offset(self, req: Request) -> Reply:
+        return Reply(body=dumps_json(self.store.delay_offsets.table.to_json()))
+
+    def _last_store_time(self, topic: str, qid: int, offset: int) -> int:
+        if offset <= 0:
+            return 0
+        got = self.store.get_messages(topic, qid, offset - 1, 1, MAX_PULL_BYTES, None)
+        if got.status != GetStatus.FOUND or not got.body:
+            return 0
+        from broker.store.message import decode_record
+
+        rec = decode_record(got.body, 0, got.physical_offsets[0])
+        return getattr(rec, "store_timestamp", 0)
+
+    def get_topic_stats_info(self, req: Request) -> Reply:
+        h = GetTopicStatsInfoRequestHeader.from_ext(req.ext)
+        config = self.store.topics.get(h.topic)
+        if config is None:
+            return _error(ResponseCode.TOPIC_NOT_EXIST, f"topic[{h.topic}] not exist")
+        table = {}
+        for qid in range(max(config.read_queue_nums, config.write_queue_nums)):
+            hi = self.store.max_offset(h.topic, qid)
+            table[MessageQueue(h.topic, self.broker_name, qid)] = TopicOffset(
+                self.store.min_offset(h.topic, qid), hi, self._last_store_time(h.topic, qid, hi))
+        return Reply(body=TopicStatsTable(table).encode())
+
+    def get_consume_stats(self, req: Request) -> Reply:
+        """Consumer progress per queue (mqadmin consumerProgress): broker, consumer and pull offsets."""
+        h = GetConsumeStatsRequestHeader.from_ext(req.ext)
+        group = h.consumer_group
+        topics = [h.topic] if h.topic else sorted(self.store.consumer_offsets.table.topics_of(group))
+        table = {}
+        for topic in topics:
+            config = self.store.topics.get(topic)
+            if config is None:
+                continue
+            committed = self.store.consumer_offsets.offsets_for(group, topic)
+            for qid in range(config.read_queue_nums):
+                consumer = max(committed.get(qid, 0), 0)
+                table[MessageQueue(topic, self.broker_name, qid)] = OffsetWrapper(
+                    broker_offset=self.store.max_offset(topic, qid), consumer_offset=consumer,
+                    pull_offset=consumer, last_timestamp=self._last_store_time(topic, qid, consumer))
+        return Reply(body=ConsumeStats(table).encode())
+
+    def get_broker_runtime_info(self, req: Request) -> Reply:
+        table = {"brokerVersionDesc": "rocketlake", "commitLogMaxOffset": str(self.store.commitlog_max_offset),
+                 "commitLogMinOffset": str(self.store.commitlog_min_offset), "bootTimestamp": str(_BOOT_MS)}
+        return Reply(body=dumps_json({"table": table}))
+
+
+_BOOT_MS = int(time.time() * 1000)
+
+
+def _peer_host(peer: str) -> Host:
+    """Born host from the TCP peer; anything unparsable becomes 0.0.0.0:0 (never an error)."""
+    try:
+        return Host.parse(peer)
+    except (ValueError, TypeError):
+        return Host(bytes(4), 0)
