@@ -1,0 +1,9 @@
+"""rocketlake's RocketMQ clients (standard remoting protocol only: they also work with Apache clusters)."""
+
+from broker.client.admin import Admin
+from broker.client.consumer import PullConsumer, PullResult, PullStatus, PushConsumer
+from broker.client.instance import MQClientError
+from broker.client.producer import Message, Producer, SendResult, SendStatus
+
+__all__ = ["Admin", "Message", "MQClientError", "Producer", "PullConsumer", "PullResult", "PullStatus",
+           "PushConsumer", "SendResult", "SendStatus"]

@@ -1,0 +1,309 @@
+"""Consumers: a PullConsumer (explicit offsets) and a simple clustering PushConsumer.
+
+Pulled bodies are stored records back to back; they are decoded with the store codec, so a consumer
+sees exactly what the CommitLog holds (:class:`~broker.store.message.MessageRecord`, decompressed
+on ``payload``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable
+
+from broker.client.instance import ClientInstance, MQClientError
+from broker.remoting.bodies import (
+    ConsumeFromWhere,
+    ConsumerData,
+    ConsumeType,
+    ConsumerIdList,
+    HeartbeatData,
+    MessageModel,
+    MessageQueue,
+    SubscriptionData,
+)
+from broker.remoting.codes import PullSysFlag, RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
+from broker.store.message import MessageRecord, RecordError, decode_record
+from broker.store.topics import retry_topic
+
+log = logging.getLogger(__name__)
+
+
+class PullStatus(Enum):
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+_PULL_STATUS = {ResponseCode.SUCCESS: PullStatus.FOUND, ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
+                ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
+                ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL}
+
+
+@dataclass
+class PullResult:
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[MessageRecord] = field(default_factory=list)
+
+
+def decode_records(body: bytes) -> list[MessageRecord]:
+    """A PULL body: stored records back to back (each one's PHYSICALOFFSET is read from the record)."""
+    out = []
+    pos = 0
+    while pos + 36 <= len(body):
+        size = int.from_bytes(body[pos:pos + 4], "big", signed=True)
+        phys = int.from_bytes(body[pos + 28:pos + 36], "big", signed=True)
+        if size <= 0:
+            raise RecordError("bad_size", pos, f"record size {size} in a pull body")
+        out.append(decode_record(body, pos, phys, limit=pos + size))
+        pos += size
+    return out
+
+
+def _tags_filter(expression: str) -> set[str] | None:
+    tags = {t.strip() for t in expression.split("||") if t.strip()}
+    return None if not tags or "*" in tags else tags
+
+
+class PullConsumer:
+    """Pull with explicit offsets; offsets can be stored on the broker (``commit``/``committed``)."""
+
+    def __init__(self, group: str, namesrv_addr: str, *, timeout: float = 3.0, instance_name: str = "DEFAULT") -> None:
+        self.group = group
+        self.namesrv_addr = namesrv_addr
+        self.timeout = timeout
+        self.instance_name = instance_name
+        self._client: ClientInstance | None = None
+
+    def start(self) -> "PullConsumer":
+        self._client = ClientInstance(self.namesrv_addr, self.instance_name, self.timeout)
+        return self
+
+    def shutdown(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __enter__(self) -> "PullConsumer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    @property
+    def client(self) -> ClientInstance:
+        if self._client is None:
+            raise MQClientError("consumer is not started")
+        return self._client
+
+    def queues(self, topic: str) -> list[MessageQueue]:
+        route = self.client.route(topic, refresh=True)
+        if route is None:
+            raise MQClientError(f"No route info of this topic: {topic}", ResponseCode.TOPIC_NOT_EXIST)
+        return route.read_queues
+
+    def _addr(self, mq: MessageQueue) -> str:
+        return self.client.broker_addr(mq.broker_name, mq.topic)
+
+    def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, expression: str = "*",
+             suspend_ms: int = 0) -> PullResult:
+        """One PULL_MESSAGE. ``suspend_ms`` > 0 lets the broker hold it (long polling)."""
+        flags = PullSysFlag.SUBSCRIPTION | (PullSysFlag.SUSPEND if suspend_ms > 0 else 0)
+        ext = {"consumerGroup": self.group, "topic": mq.topic, "queueId": mq.queue_id, "queueOffset": offset,
+               "maxMsgNums": max_nums, "sysFlag": int(flags), "commitOffset": 0,
+               "suspendTimeoutMillis": suspend_ms or 20_000, "subscription": expression, "subVersion": 0,
+               "expressionType": "TAG"}
+        timeout = self.timeout + suspend_ms / 1000
+        resp = self.client.invoke(self._addr(mq), RemotingCommand.request(RequestCode.PULL_MESSAGE, ext), timeout)
+        status = _PULL_STATUS.get(resp.code)
+        if status is None:
+            raise MQClientError(f"pull {mq} failed: code {resp.code} {resp.remark or ''}".strip(), resp.code)
+        e = resp.ext_fields
+        result = PullResult(status, int(e.get("nextBeginOffset", offset)), int(e.get("minOffset", 0)),
+                            int(e.get("maxOffset", 0)))
+        if status is PullStatus.FOUND:
+            wanted = _tags_filter(expression)
+            result.messages = [m for m in decode_records(resp.body)
+                               if wanted is None or m.tags in wanted]
+        return result
+
+    def _offset_request(self, code: int, mq: MessageQueue, **extra) -> RemotingCommand:
+        ext = {"consumerGroup": self.group, "topic": mq.topic, "queueId": mq.queue_id, **extra}
+        return self.client.invoke(self._addr(mq), RemotingCommand.request(code, ext))
+
+    def committed(self, mq: MessageQueue) -> int | None:
+        resp = self._offset_request(RequestCode.QUERY_CONSUMER_OFFSET, mq)
+        return int(resp.ext_fields["offset"]) if resp.code == ResponseCode.SUCCESS else None
+
+    def commit(self, mq: MessageQueue, offset: int) -> None:
+        resp = self._offset_request(RequestCode.UPDATE_CONSUMER_OFFSET, mq, commitOffset=offset)
+        if resp.code != ResponseCode.SUCCESS:
+            raise MQClientError(f"commit of {mq} failed: code {resp.code}", resp.code)
+
+    def max_offset(self, mq: MessageQueue) -> int:
+        resp = self.client.invoke(self._addr(mq), RemotingCommand.request(
+            RequestCode.GET_MAX_OFFSET, {"topic": mq.topic, "queueId": mq.queue_id}))
+        return int(resp.ext_fields.get("offset", 0))
+
+    def send_back(self, msg: MessageRecord, delay_level: int = 0) -> None:
+        """CONSUMER_SEND_MSG_BACK to the broker that stored the message (its store host)."""
+        ext = {"offset": msg.physical_offset, "group": self.group, "delayLevel": delay_level,
+               "originMsgId": msg.offset_msg_id, "originTopic": msg.topic}
+        resp = self.client.invoke(str(msg.store_host), RemotingCommand.request(RequestCode.CONSUMER_SEND_MSG_BACK, ext))
+        if resp.code != ResponseCode.SUCCESS:
+            raise MQClientError(f"send back failed: code {resp.code} {resp.remark or ''}".strip(), resp.code)
+
+
+def allocate_averagely(queues: list[MessageQueue], ids: list[str], me: str) -> list[MessageQueue]:
+    """Java's AllocateMessageQueueAveragely over sorted queues and sorted client ids."""
+    queues, ids = sorted(queues), sorted(ids)
+    if me not in ids or not queues:
+        return []
+    index, n, m = ids.index(me), len(queues), len(ids)
+    mod = n % m
+    size = (n // m + 1 if index < mod else n // m) if n > m else 1
+    start = index * size if mod > 0 and index < mod else index * size + mod
+    return [queues[(start + i) % n] for i in range(min(size, n - start))] if start < n else []
+
+
+class PushConsumer(PullConsumer):
+    """A simple clustering push consumer: heartbeat, rebalance, long-polling pull loops, offset
+    commits every few seconds, and send-back (→ %RETRY%) when the listener raises."""
+
+    def __init__(self, group: str, namesrv_addr: str, listener: Callable[[MessageRecord], None], *,
+                 topic: str, expression: str = "*",
+                 consume_from: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+                 timeout: float = 3.0, instance_name: str = "DEFAULT") -> None:
+        super().__init__(group, namesrv_addr, timeout=timeout, instance_name=instance_name)
+        self.listener = listener
+        self.topic = topic
+        self.expression = expression
+        self.consume_from = consume_from
+        self._stop = threading.Event()
+        self._offsets: dict[MessageQueue, int] = {}
+        self._lock = threading.Lock()
+        self._threads: dict[MessageQueue, threading.Thread] = {}
+        self._assigned: set[MessageQueue] = set()
+
+    def _heartbeat(self) -> None:
+        subs = [SubscriptionData(retry_topic(self.group), "*"),
+                SubscriptionData(self.topic, self.expression, int(time.time() * 1000),
+                                 sorted(_tags_filter(self.expression) or []))]
+        data = HeartbeatData(self.client.client_id, consumers=[ConsumerData(
+            self.group, ConsumeType.CONSUME_PASSIVELY, MessageModel.CLUSTERING, self.consume_from, subs)])
+        for addr in self.client.known_brokers().values():
+            try:
+                self.client.invoke(addr, RemotingCommand.request(RequestCode.HEART_BEAT, body=data.encode()))
+            except Exception as exc:
+                log.info("heartbeat to %s failed: %s", addr, exc)
+
+    def _rebalance(self) -> None:
+        mine: set[MessageQueue] = set()
+        for topic in (retry_topic(self.group), self.topic):
+            route = self.client.route(topic, refresh=True)
+            if route is None:
+                continue
+            addr = next(iter(route.masters.values()), None)
+            if addr is None:
+                continue
+            resp = self.client.invoke(addr, RemotingCommand.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                                                                    {"consumerGroup": self.group}))
+            if resp.code != ResponseCode.SUCCESS:
+                continue
+            ids = ConsumerIdList.decode(resp.body).consumer_id_list
+            mine |= set(allocate_averagely(route.read_queues, ids, self.client.client_id))
+        with self._lock:
+            for mq in mine - self._assigned:
+                thread = threading.Thread(target=self._pull_loop, args=(mq,), name=f"pull-{mq.queue_id}", daemon=True)
+                self._threads[mq] = thread
+                thread.start()
+            self._assigned = mine
+
+    def _start_offset(self, mq: MessageQueue) -> int:
+        committed = self.committed(mq)
+        if committed is not None and committed >= 0:
+            return committed
+        if mq.topic.startswith("%RETRY%") or self.consume_from == ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
+            return 0
+        return self.max_offset(mq)
+
+    def _pull_loop(self, mq: MessageQueue) -> None:
+        offset = None
+        while not self._stop.is_set():
+            with self._lock:
+                if mq not in self._assigned:
+                    return
+            try:
+                if offset is None:
+                    offset = self._start_offset(mq)
+                result = self.pull(mq, offset, 32, "*" if mq.topic.startswith("%RETRY%") else self.expression,
+                                   suspend_ms=2_000)
+            except Exception as exc:
+                log.info("pull %s failed: %s", mq, exc)
+                self._stop.wait(1.0)
+                continue
+            for msg in result.messages:
+                try:
+                    self.listener(msg)
+                except Exception as exc:  # RECONSUME_LATER: the broker redelivers through %RETRY%
+                    log.info("listener failed for %s: %s; sending back", msg.offset_msg_id, exc)
+                    try:
+                        self.send_back(msg)
+                    except Exception as back_exc:
+                        log.warning("send back failed: %s", back_exc)
+            offset = result.next_begin_offset
+            with self._lock:
+                self._offsets[mq] = offset
+
+    def _commit_all(self) -> None:
+        with self._lock:
+            offsets = dict(self._offsets)
+        for mq, offset in offsets.items():
+            try:
+                self.commit(mq, offset)
+            except Exception as exc:
+                log.info("commit %s failed: %s", mq, exc)
+
+    def _background(self) -> None:
+        ticks = 0
+        while not self._stop.wait(1.0):
+            ticks += 1
+            if ticks % 5 == 0:
+                self._commit_all()
+            if ticks % 10 == 0:
+                self._heartbeat()
+                self._rebalance()
+
+    def start(self) -> "PushConsumer":
+        super().start()
+        self.client.request_handlers[RequestCode.NOTIFY_CONSUMER_IDS_CHANGED] = \
+            lambda cmd: threading.Thread(target=self._rebalance, daemon=True).start()
+        self.client.route(self.topic, refresh=True)
+        self.client.route(retry_topic(self.group), refresh=True)
+        self._heartbeat()
+        self._rebalance()
+        threading.Thread(target=self._background, name="consumer-background", daemon=True).start()
+        return self
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        for thread in list(self._threads.values()):
+            thread.join(5)
+        if self._client is not None:
+            self._commit_all()
+            for addr in self.client.known_brokers().values():
+                try:
+                    self.client.invoke(addr, RemotingCommand.request(
+                        RequestCode.UNREGISTER_CLIENT, {"clientID": self.client.client_id, "producerGroup": "",
+                                                        "consumerGroup": self.group}))
+                except Exception:
+                    pass
+        super().shutdown()

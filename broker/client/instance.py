@@ -1,0 +1,156 @@
+"""What every rocketlake client shares: one event-loop thread, connections, routes, fault tracking.
+
+Only the standard remoting protocol is used (route lookups on the name server, V2 send headers,
+PULL_MESSAGE, offsets), so the same clients work against an Apache RocketMQ cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from broker.remoting.bodies import MessageQueue, TopicRouteData
+from broker.remoting.codes import PermName, RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
+from broker.remoting.transport import RemotingClient
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOPIC = "TBW102"
+ROUTE_TTL_S = 30.0
+
+
+class MQClientError(Exception):
+    """A request failed; ``code`` is the broker's response code (or None for transport errors)."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class TopicRoute:
+    data: TopicRouteData
+    fetched: float
+    write_queues: list[MessageQueue] = field(default_factory=list)
+    read_queues: list[MessageQueue] = field(default_factory=list)
+    masters: dict[str, str] = field(default_factory=dict)  # broker name -> master address
+
+
+def build_route(topic: str, data: TopicRouteData) -> TopicRoute:
+    """Queues a producer may write to (writable, broker has a master) and a consumer may read."""
+    masters = {b.broker_name: b.broker_addrs[0] for b in data.broker_datas if 0 in b.broker_addrs}
+    route = TopicRoute(data, time.monotonic(), masters=masters)
+    for q in sorted(data.queue_datas, key=lambda q: q.broker_name):
+        if q.perm & PermName.WRITE and q.broker_name in masters:
+            route.write_queues += [MessageQueue(topic, q.broker_name, i) for i in range(q.write_queue_nums)]
+        if q.perm & PermName.READ:
+            route.read_queues += [MessageQueue(topic, q.broker_name, i) for i in range(q.read_queue_nums)]
+    return route
+
+
+def local_ip() -> str:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # no packet is sent for UDP connect
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+class ClientInstance:
+    """Event-loop thread + RemotingClient + name-server routes for one client object."""
+
+    def __init__(self, namesrv_addr: str, instance_name: str = "DEFAULT", timeout: float = 3.0) -> None:
+        self.namesrv_addrs = [a.strip() for a in namesrv_addr.replace(",", ";").split(";") if a.strip()]
+        if not self.namesrv_addrs:
+            raise ValueError("a name server address (host:port) is required")
+        self.timeout = timeout
+        self.client_id = f"{local_ip()}@{os.getpid()}#{instance_name}"
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rocketlake-client", daemon=True)
+        self._thread.start()
+        self._remoting = RemotingClient(on_request=self._on_request)
+        self._routes: dict[str, TopicRoute] = {}
+        self._routes_lock = threading.Lock()
+        self._ns_index = 0
+        self.request_handlers: dict[int, callable] = {}
+
+    async def _on_request(self, cmd: RemotingCommand, conn) -> RemotingCommand | None:
+        handler = self.request_handlers.get(cmd.code)
+        if handler is not None:
+            handler(cmd)
+        return None if cmd.is_oneway else cmd.response(ResponseCode.SUCCESS)
+
+    # ---- requests ----------------------------------------------------------------------------------
+    def invoke_future(self, addr: str, cmd: RemotingCommand, timeout: float | None = None) -> Future:
+        return asyncio.run_coroutine_threadsafe(
+            self._remoting.invoke(cmd, timeout or self.timeout, addr=addr), self._loop)
+
+    def invoke(self, addr: str, cmd: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
+        return self.invoke_future(addr, cmd, timeout).result((timeout or self.timeout) + 5)
+
+    def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
+        asyncio.run_coroutine_threadsafe(self._remoting.invoke_oneway(cmd, addr=addr), self._loop).result(
+            self.timeout + 5)
+
+    def invoke_namesrv(self, cmd_factory) -> RemotingCommand:
+        """Ask the name servers in turn until one answers."""
+        last: Exception | None = None
+        for i in range(len(self.namesrv_addrs)):
+            addr = self.namesrv_addrs[(self._ns_index + i) % len(self.namesrv_addrs)]
+            try:
+                return self.invoke(addr, cmd_factory())
+            except Exception as exc:  # try the next name server
+                last = exc
+                self._ns_index += 1
+        raise MQClientError(f"no name server answered ({', '.join(self.namesrv_addrs)}): {last}")
+
+    # ---- routes ---------------------------------------------------------------------------------------
+    def route(self, topic: str, refresh: bool = False) -> TopicRoute | None:
+        with self._routes_lock:
+            cached = self._routes.get(topic)
+        if cached is not None and not refresh and time.monotonic() - cached.fetched < ROUTE_TTL_S:
+            return cached
+        resp = self.invoke_namesrv(lambda: RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC,
+                                                                   {"topic": topic}))
+        if resp.code != ResponseCode.SUCCESS or not resp.body:
+            return None
+        route = build_route(topic, TopicRouteData.decode(resp.body))
+        with self._routes_lock:
+            self._routes[topic] = route
+        return route
+
+    def broker_addr(self, broker_name: str, topic: str | None = None) -> str:
+        with self._routes_lock:
+            for route in self._routes.values():
+                if broker_name in route.masters:
+                    return route.masters[broker_name]
+        if topic is not None:
+            route = self.route(topic, refresh=True)
+            if route and broker_name in route.masters:
+                return route.masters[broker_name]
+        raise MQClientError(f"no address known for broker {broker_name}")
+
+    def known_brokers(self) -> dict[str, str]:
+        with self._routes_lock:
+            out: dict[str, str] = {}
+            for route in self._routes.values():
+                out.update(route.masters)
+            return out
+
+    def close(self) -> None:
+        if not self._thread.is_alive():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._remoting.close(), self._loop).result(10)
+        except Exception:
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)

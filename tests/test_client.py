@@ -1,0 +1,141 @@
+"""Our Python client against our broker: producer styles, pull and push consumers, admin, failover."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from broker.client import Admin, Message, MQClientError, Producer, PullConsumer, PullStatus, PushConsumer
+from broker.client.consumer import allocate_averagely
+from broker.client.producer import LatencyFaultTolerance
+from broker.remoting.bodies import MessageQueue
+from broker.store.config_files import SubscriptionGroupConfig
+from tests.broker_harness import cluster
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    with cluster(tmp_path_factory.mktemp("client"), {"messageDelayLevel": "1s 1s 1s 1s 1s 1s"}) as b:
+        yield b
+
+
+def _drain(consumer: PullConsumer, topic: str) -> list:
+    out = []
+    for mq in consumer.queues(topic):
+        offset = 0
+        while True:
+            res = consumer.pull(mq, offset)
+            if res.status is not PullStatus.FOUND:
+                break
+            out += res.messages
+            offset = res.next_begin_offset
+    return out
+
+
+def test_producer_styles_and_pull_consumer(broker):
+    with Producer("PG_PY", broker.namesrv) as producer:
+        sync = [producer.send(Message("PyTopic", f"sync-{i}".encode(), tags="TagA", keys=[f"k{i}", "common"],
+                                      properties={"idx": str(i), "note": "héllo ✓"})) for i in range(50)]
+        assert all(r.status.name == "SEND_OK" for r in sync)
+        assert len({r.offset_msg_id for r in sync}) == 50 and all(len(r.msg_id) == 32 for r in sync)
+        futures = [producer.send_async(Message("PyTopic", f"async-{i}".encode(), tags="TagB",
+                                                properties={"idx": str(100 + i)})) for i in range(20)]
+        assert [f.result(10).status.name for f in futures] == ["SEND_OK"] * 20
+        for i in range(10):
+            producer.send_oneway(Message("PyTopic", f"oneway-{i}".encode(), properties={"idx": str(200 + i)}))
+        batch = producer.send_batch([Message("PyTopic", f"batch-{i}".encode(), properties={"idx": str(300 + i)})
+                                     for i in range(5)])
+        assert len(batch.msg_id.split(",")) == 5 and len(batch.offset_msg_id.split(",")) == 5
+        big = producer.send(Message("PyTopic", b"x" * 10_000, properties={"idx": "400"}))
+        ordered = [producer.send_orderly(Message("PyTopic", f"ord-{i}".encode(), properties={"idx": str(500 + i)}), 7)
+                   for i in range(5)]
+        assert len({r.queue for r in ordered}) == 1
+        assert [r.queue_offset for r in ordered] == list(range(ordered[0].queue_offset, ordered[0].queue_offset + 5))
+    time.sleep(0.5)  # oneway sends have no answer to wait for
+    with PullConsumer("CG_PULL", broker.namesrv) as consumer:
+        msgs = _drain(consumer, "PyTopic")
+        by_idx = {m.properties["idx"]: m for m in msgs}
+        assert sorted(by_idx, key=int) == [str(i) for i in list(range(50)) + list(range(100, 120)) +
+                                           list(range(200, 210)) + list(range(300, 305)) + [400] + list(range(500, 505))]
+        assert len(msgs) == len(by_idx)
+        m = by_idx["7"]
+        assert (m.payload, m.tags, m.keys, m.properties["note"]) == (b"sync-7", "TagA", ["k7", "common"], "héllo ✓")
+        assert by_idx["400"].payload == b"x" * 10_000 and by_idx["400"].compression == "ZLIB"
+        assert by_idx["301"].properties["CLUSTER"] == "DefaultCluster"
+        tagged = []
+        for mq in consumer.queues("PyTopic"):
+            res = consumer.pull(mq, 0, 32, "TagB")
+            while res.status is PullStatus.FOUND:
+                tagged += res.messages
+                res = consumer.pull(mq, res.next_begin_offset, 32, "TagB")
+        assert sorted(int(t.properties["idx"]) for t in tagged) == list(range(100, 120))
+        mq = consumer.queues("PyTopic")[0]
+        consumer.commit(mq, 3)
+        assert consumer.committed(mq) == 3
+        assert consumer.pull(mq, 10_000).status is PullStatus.OFFSET_ILLEGAL
+
+
+def test_push_consumer_and_retry_to_dlq(broker):
+    with Admin(broker.namesrv) as admin:
+        admin.create_subscription_group(broker.addr, SubscriptionGroupConfig("CG_FAIL", retry_max_times=1))
+        admin.create_topic(broker.addr, "PushTopic", queues=2)
+    seen, failing = [], []
+    ok = PushConsumer("CG_OK", broker.namesrv, lambda m: seen.append(m.payload), topic="PushTopic")
+    bad_calls = []
+
+    def fail(m):
+        bad_calls.append((m.properties.get("idx"), m.reconsume_times))
+        raise RuntimeError("cannot handle")
+
+    bad = PushConsumer("CG_FAIL", broker.namesrv, fail, topic="PushTopic")
+    ok.start()
+    bad.start()
+    try:
+        time.sleep(1.0)
+        with Producer("PG_PUSH", broker.namesrv) as producer:
+            for i in range(10):
+                producer.send(Message("PushTopic", f"push-{i}".encode(), properties={"idx": str(i)}))
+        deadline = time.time() + 40
+        while time.time() < deadline and (len(seen) < 10 or len(bad_calls) < 20):
+            time.sleep(0.2)
+    finally:
+        ok.shutdown()
+        bad.shutdown()
+    assert sorted(seen) == sorted(f"push-{i}".encode() for i in range(10))
+    # retryMaxTimes 1: each message is tried once, redelivered once from %RETRY%, then goes to the DLQ
+    assert sorted(bad_calls) == sorted([(str(i), 0) for i in range(10)] + [(str(i), 1) for i in range(10)])
+    with PullConsumer("CG_DLQ_READER", broker.namesrv) as reader:
+        deadline = time.time() + 10
+        dlq = []
+        while time.time() < deadline and len(dlq) < 10:
+            try:
+                dlq = _drain(reader, "%DLQ%CG_FAIL")
+            except MQClientError:
+                pass
+            time.sleep(0.3)
+        assert sorted(int(m.properties["idx"]) for m in dlq) == list(range(10))
+        assert all(m.properties["RETRY_TOPIC"] == "PushTopic" and m.reconsume_times == 2 for m in dlq)
+    with Admin(broker.namesrv) as admin:
+        progress = admin.consumer_progress(broker.addr, "CG_OK", "PushTopic")
+        assert sum(w.lag for w in progress.offset_table.values()) == 0
+        assert sum(w.broker_offset for w in progress.offset_table.values()) == 10
+
+
+def test_unknown_topic_without_route_and_bad_input(broker):
+    with Producer("PG_BAD", broker.namesrv) as producer:
+        with pytest.raises(ValueError):
+            producer.send(Message("bad/topic", b"x"))
+        with pytest.raises(MQClientError, match="exceeds"):
+            producer.send(Message("PyTopic", b"x" * (4 * 1024 * 1024 + 1)))
+
+
+def test_queue_selection_avoids_failed_brokers():
+    faults = LatencyFaultTolerance(clock=lambda: 100.0)
+    faults.failed("broker-a", 30)
+    assert not faults.available("broker-a") and faults.available("broker-b")
+    queues = [MessageQueue("T", f"broker-{c}", i) for c in "abc" for i in range(2)]
+    ids = ["c1", "c2", "c3", "c4"]
+    got = [allocate_averagely(queues, ids, c) for c in ids]
+    assert [len(g) for g in got] == [2, 2, 1, 1] and sorted(q for g in got for q in g) == sorted(queues)
