@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -48,7 +47,7 @@ def test_producer_styles_and_pull_consumer(broker):
         batch = producer.send_batch([Message("PyTopic", f"batch-{i}".encode(), properties={"idx": str(300 + i)})
                                      for i in range(5)])
         assert len(batch.msg_id.split(",")) == 5 and len(batch.offset_msg_id.split(",")) == 5
-        big = producer.send(Message("PyTopic", b"x" * 10_000, properties={"idx": "400"}))
+        assert producer.send(Message("PyTopic", b"x" * 10_000, properties={"idx": "400"})).queue_offset >= 0
         ordered = [producer.send_orderly(Message("PyTopic", f"ord-{i}".encode(), properties={"idx": str(500 + i)}), 7)
                    for i in range(5)]
         assert len({r.queue for r in ordered}) == 1
@@ -81,7 +80,7 @@ def test_push_consumer_and_retry_to_dlq(broker):
     with Admin(broker.namesrv) as admin:
         admin.create_subscription_group(broker.addr, SubscriptionGroupConfig("CG_FAIL", retry_max_times=1))
         admin.create_topic(broker.addr, "PushTopic", queues=2)
-    seen, failing = [], []
+    seen = []
     ok = PushConsumer("CG_OK", broker.namesrv, lambda m: seen.append(m.payload), topic="PushTopic")
     bad_calls = []
 
