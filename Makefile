@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= build/demo
+DEMO_DELAY_LEVELS := 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s
 
 .PHONY: venv test demo java-check bench-decode clean
 
@@ -25,6 +26,10 @@ test: venv java-check
 
 demo: venv java-check
 	rm -rf $(DEMO_DIR)
+	$(BIN)/python -m broker.demo_traffic --start $(DEMO_DIR)/broker-store
+	$(BIN)/rocketlake store verify $(DEMO_DIR)/broker-store --message-delay-level "$(DEMO_DELAY_LEVELS)"
+	$(BIN)/rocketlake store queues $(DEMO_DIR)/broker-store --topic Orders
+	$(BIN)/rocketlake store messages $(DEMO_DIR)/broker-store --topic %DLQ%demo-fails --limit 3 --format table
 	$(BIN)/rocketlake store generate $(DEMO_DIR)/store --messages 20000 --topics 4 --queues 4 --seed 7 --segment-bytes 4M --index-slots 5000
 	$(BIN)/rocketlake store verify $(DEMO_DIR)/store
 	$(BIN)/rocketlake store queues $(DEMO_DIR)/store

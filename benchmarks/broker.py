@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 from broker.store.commitlog import CommitLogWriter  # noqa: E402
 from broker.store.hosts import Host  # noqa: E402
 from broker.store.message import MessageRecord  # noqa: E402
-from tests.broker_harness import start_broker, start_namesrv  # noqa: E402
+from broker.server.launcher import start_broker, start_namesrv  # noqa: E402
 
 BODY = b"x" * 1024
 TOPIC = "BenchTopic"

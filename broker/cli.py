@@ -147,7 +147,7 @@ def cmd_store_verify(args: argparse.Namespace) -> int:
     from broker.store.verify import verify_store
 
     report = verify_store(args.store, segment_size=args.segment_bytes,
-                          progress=(lambda m: log.info("%s", m)))
+                          message_delay_level=args.message_delay_level, progress=(lambda m: log.info("%s", m)))
     if args.format == "json":
         for f in report.findings:
             print(json.dumps(f.to_dict(), ensure_ascii=False))
@@ -291,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Integrity check. Prints one finding per line (file@offset: kind: detail); exit 1 if any.")
     p.add_argument("store", type=_store_dir, metavar="STORE_DIR")
     p.add_argument("--segment-bytes", type=_size, help="commitlog file size if it cannot be read off the files")
+    p.add_argument("--message-delay-level", metavar="LEVELS",
+                   help="the broker's messageDelayLevel, to check SCHEDULE_TOPIC_XXXX deliver times "
+                        "(default Apache's '1s 5s 10s 30s 1m ... 2h')")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.set_defaults(func=cmd_store_verify)
 

@@ -1,104 +1,12 @@
-"""Start a real name server and broker (separate processes, loopback, free ports) for tests."""
+"""Tests start real name servers and brokers through the library's launcher."""
 
-from __future__ import annotations
-
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterator
-
-REPO = Path(__file__).resolve().parents[1]
-ROCKETLAKE = [sys.executable, "-m", "broker.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
-
-
-@dataclass
-class BrokerHandle:
-    store: Path
-    port: int
-    namesrv: str
-    proc: subprocess.Popen
-    log: Path
-
-    @property
-    def addr(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def stop(self, timeout: float = 60.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        """SIGKILL the supervisor and every broker process (its whole process group)."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-
-
-def start_namesrv(tmp: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    log = open(tmp / f"namesrv-{port}.log", "w")
-    proc = subprocess.Popen([*ROCKETLAKE, "namesrv", "start", "--listen", f"127.0.0.1:{port}"], cwd=REPO,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    wait_port(port, proc=proc)
-    return proc, f"127.0.0.1:{port}"
-
-
-def start_broker(store: Path, namesrv: str, config: dict | None = None, port: int | None = None,
-                 processes: int = 2) -> BrokerHandle:
-    port = port or free_port()
-    store.mkdir(parents=True, exist_ok=True)
-    cfg = store.parent / f"broker-{port}.toml"
-    lines = [f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {str(v).lower() if isinstance(v, bool) else v}"
-             for k, v in (config or {}).items()]
-    cfg.write_text("\n".join(lines).replace("'", '"') + "\n")
-    log_path = store.parent / f"broker-{port}.log"
-    log = open(log_path, "a")
-    proc = subprocess.Popen([*ROCKETLAKE, "--log-level", "INFO", "broker", "start", "--store", str(store),
-                             "--listen", f"127.0.0.1:{port}", "--namesrv", namesrv, "--config", str(cfg),
-                             "--processes", str(processes)],
-                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    wait_port(port, proc=proc)
-    return BrokerHandle(store, port, namesrv, proc, log_path)
-
-
-@contextmanager
-def cluster(tmp: Path, config: dict | None = None) -> Iterator[BrokerHandle]:
-    ns, ns_addr = start_namesrv(tmp)
-    broker = start_broker(tmp / "store", ns_addr, config)
-    try:
-        yield broker
-    finally:
-        broker.stop()
-        ns.send_signal(signal.SIGTERM)
-        ns.wait(10)
+from broker.server.launcher import (  # noqa: F401
+    REPO,
+    ROCKETLAKE,
+    BrokerHandle,
+    cluster,
+    free_port,
+    start_broker,
+    start_namesrv,
+    wait_port,
+)
