@@ -6,9 +6,11 @@ Process layout (see the README's architecture section for the reasons):
   and stops them in order: network first (no new requests), then the store (flush, checkpoint,
   remove ``abort``).
 * **store process**: owns the store directory — CommitLog append and flush (group commit for
-  SYNC_FLUSH), ConsumeQueue/IndexFile dispatch, the schedule service, consumer offsets and every
-  other piece of metadata, the client registry, and name-server registration (every 30 s and right
-  after a topic is created). It runs :class:`~broker.server.processors.BrokerCore` on a thread pool
+  SYNC_FLUSH), the schedule service, consumer offsets and every other piece of metadata, the client
+  registry, and name-server registration (every 30 s and right after a topic is created).
+* **dispatcher process** (started by the store process): builds ConsumeQueue and IndexFile from the
+  CommitLog like Apache's ReputMessageService, and reports which queues grew
+  (:mod:`broker.server.dispatch_process`). It runs :class:`~broker.server.processors.BrokerCore` on a thread pool
   and serves the network processes over a Unix socket (:mod:`broker.server.ipc`).
 * **network processes** (``requestProcesses``, default = cores): each accepts on the same TCP port
   (SO_REUSEPORT), decodes frames and headers, forwards requests to the store process, encodes the
@@ -55,7 +57,7 @@ def store_settings(s: BrokerSettings) -> StoreSettings:
         max_message_size=s.max_message_size, store_host=Host.parse(s.broker_addr),
         cluster_name=s.broker_cluster_name, broker_name=s.broker_name,
         check_crc_on_recover=s.check_crc_on_recover, auto_create_topic_enable=s.auto_create_topic_enable,
-        auto_create_subscription_group=s.auto_create_subscription_group)
+        auto_create_subscription_group=s.auto_create_subscription_group, external_dispatch=True)
 
 
 # =====================================================================================================
@@ -153,9 +155,13 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [store] %(name)s: %(message)s")
     from broker.server.ipc import IpcServer
 
+    from broker.server.dispatch_process import ExternalDispatcher
+
     store = MessageStore(store_dir, store_settings(settings))
     report = store.open()
     log.info("store opened: %s", report.summary() if hasattr(report, "summary") else report)
+    dispatcher = ExternalDispatcher(store, log_level)
+    dispatcher.start()
     store.start_background()
     schedule = ScheduleService(store)
     schedule.start()
@@ -196,8 +202,9 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     log.info("store process stopping")
     registrar.stop()
     schedule.stop()
-    growth.stop()
     server.close()
+    dispatcher.stop()  # everything appended is in the consume queues and the index
+    growth.stop()
     store.close()
     log.info("store closed cleanly")
 

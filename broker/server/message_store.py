@@ -134,6 +134,10 @@ class StoreSettings:
     auto_create_subscription_group: bool = True
     access_message_in_memory_max_ratio: int = 40  # % of RAM; older messages count as "in disk"
     fsync_metadata: bool = True
+    # True in the multiprocess broker: a separate dispatcher process builds the consume queues and
+    # the index from the commitlog (Apache's ReputMessageService); puts only append and flush, and
+    # the dispatcher's progress comes back through ``external_advance``.
+    external_dispatch: bool = False
 
     def __post_init__(self) -> None:
         if self.flush_disk_type not in (ASYNC_FLUSH, SYNC_FLUSH):
@@ -405,6 +409,7 @@ class Dispatcher:
         self._dirty_files: set[Path] = set()
         self.last_store_timestamp = 0
         self._listeners: list[Callable[[str, int, int], None]] = []
+        self.released = False  # writers handed to an external dispatcher process
 
     def add_listener(self, fn: Callable[[str, int, int], None]) -> None:
         """``fn(topic, queue_id, max_offset)`` after new units are readable (long polling hook)."""
@@ -484,13 +489,28 @@ class Dispatcher:
             finally:
                 os.close(fd)
         with self.index_lock:
-            self.index.flush()
+            if not self.released:
+                self.index.flush()
         return ts
 
-    def close(self) -> None:
-        self.cq.close()
+    def release_writers(self) -> None:
+        """Hand the consume-queue and index files over to another process: flush and close ours,
+        so nothing here writes them again (a stale in-memory index header must never be flushed
+        over the other process's). Progress then arrives through ``MessageStore.external_advance``."""
         with self.index_lock:
+            if self.released:
+                return
+            self.cq.close()
             self.index.close()
+            self.released = True
+
+    def close(self) -> None:
+        with self.index_lock:
+            if self.released:
+                return
+            self.cq.close()
+            self.index.close()
+            self.released = True
 
 
 # =====================================================================================================
@@ -590,6 +610,7 @@ class MessageStore:
         self.groups: SubscriptionGroupManager | None = None
         self.consumer_offsets: ConsumerOffsetManager | None = None
         self.delay_offsets: DelayOffsetManager | None = None
+        self._commit_listener: Callable[[int], None] | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def open(self) -> recovery.RecoveryReport:
@@ -620,6 +641,9 @@ class MessageStore:
             self._dirty_segments = {self._segment_base(self._committed_end)}
             self._load_checkpoint(report.last_store_timestamp)
             self._load_metadata()
+            if self.settings.external_dispatch:
+                self._dispatcher.next_offset = self._committed_end  # recovery dispatched everything
+                self._dispatcher.release_writers()
         except BaseException:
             for resource in (self._writer, self._dispatcher, self._segments):
                 if resource is not None:
@@ -831,8 +855,11 @@ class MessageStore:
             self._dirty_segments.add(self._segment_base(before))
             self._dirty_segments.add(self._segment_base(results[0].physical_offset))
             self._last_store_ts = ts
-            self._dispatcher.dispatch([r.record for r in results])
+            if not self.settings.external_dispatch:
+                self._dispatcher.dispatch([r.record for r in results])
             end = self._committed_end
+        if self._commit_listener is not None:
+            self._commit_listener(end)
         status = PutStatus.PUT_OK
         if self.settings.flush_disk_type == SYNC_FLUSH and not self._sync_to(end):
             status = PutStatus.FLUSH_DISK_TIMEOUT
@@ -1060,9 +1087,17 @@ class MessageStore:
         records, returned oldest first. Entries left by a recovered crash are filtered out by the
         verification (and de-duplicated when a new record took the old one's offset and key)."""
         self._require_open()
-        with self._dispatcher.index_lock:
-            offsets = self._dispatcher.index.query_offsets(topic, key, begin_ms, end_ms,
-                                                           min(max_num, MAX_MSGS_NUM_BATCH))
+        if self.settings.external_dispatch:
+            # another process writes the index files: read them as they are now
+            index = IndexService(self.store_dir, self.settings.index_slots, self.settings.index_entries)
+            try:
+                offsets = index.query_offsets(topic, key, begin_ms, end_ms, min(max_num, MAX_MSGS_NUM_BATCH))
+            finally:
+                index.close()
+        else:
+            with self._dispatcher.index_lock:
+                offsets = self._dispatcher.index.query_offsets(topic, key, begin_ms, end_ms,
+                                                               min(max_num, MAX_MSGS_NUM_BATCH))
         found, parts = [], []
         for phy in sorted(set(offsets)):  # a stale entry (recovered crash) may repeat an offset
             try:
@@ -1075,6 +1110,31 @@ class MessageStore:
                 found.append(phy)
                 parts.append(data)
         return QueryResult(tuple(found), b"".join(parts))
+
+    def set_commit_listener(self, fn: Callable[[int], None]) -> None:
+        """``fn(committed_end)`` after every append (wakes an external dispatcher)."""
+        self._commit_listener = fn
+
+    @property
+    def dispatched_offset(self) -> int:
+        """Where this process's own dispatch stopped (the external dispatcher starts here)."""
+        self._require_open()
+        return self._dispatcher.next_offset if self._dispatcher.next_offset else self._committed_end
+
+    def external_advance(self, queues: Sequence[tuple[str, int, int, int]], last_store_ts: int) -> None:
+        """Progress of the external dispatcher: ``(topic, queue_id, max_offset, max_phy_end)`` per
+        queue that grew; makes the new units readable here and wakes long-polling listeners."""
+        self._require_open()
+        d = self._dispatcher
+        with d._sync_lock:
+            d.last_store_timestamp = max(d.last_store_timestamp, last_store_ts)
+        for topic, qid, nxt, phy_end in queues:
+            self.queues.advance(topic, qid, nxt, phy_end)
+            for fn in d._listeners:
+                try:
+                    fn(topic, qid, nxt)
+                except Exception:
+                    log.exception("dispatch listener failed")
 
     def add_dispatch_listener(self, fn: Callable[[str, int, int], None]) -> None:
         """``fn(topic, queue_id, max_offset)`` whenever a queue grows (for long polling)."""

@@ -29,9 +29,10 @@ from broker.store.constants import (
     CONSUMER_OFFSET_FILE,
     DELAY_OFFSET_FILE,
     SUBSCRIPTION_GROUP_FILE,
+    TOPIC_NAME_PATTERN,
     TOPICS_FILE,
 )
-from broker.store.topics import SCHEDULE_TOPIC
+from broker.store.topics import SCHEDULE_TOPIC, InvalidTopicError
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,12 @@ class TopicConfigManager(_Persistent):
 
     def create_topic_in_send_back(self, topic: str, queue_nums: int, perm: int = PERM_READ | PERM_WRITE,
                                   topic_sys_flag: int = 0) -> TopicConfig:
-        """``%RETRY%``/``%DLQ%`` topics: created on first use with the given queues and perm."""
+        """``%RETRY%``/``%DLQ%`` topics: created on first use with the given queues and perm.
+
+        The name comes from a client's group name, so it is checked like a topic (≤ 255 chars of
+        ``[%|a-zA-Z0-9_-]``): InvalidTopicError instead of a config entry no queue could ever have."""
+        if len(topic) > 255 or not TOPIC_NAME_PATTERN.fullmatch(topic):
+            raise InvalidTopicError(f"{topic[:300]!r} is not a valid retry/DLQ topic name")
         with self._lock:
             existing = self.table.get(topic)
             if existing is not None:

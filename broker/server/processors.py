@@ -12,7 +12,6 @@ Long polling is a reply too: a PULL that finds nothing and may be held comes bac
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from broker.remoting.bodies import (
+    BodyError,
     ConsumeStats,
     ConsumerIdList,
     HeartbeatData,
@@ -32,6 +32,7 @@ from broker.remoting.bodies import (
     TopicOffset,
     TopicStatsTable,
     dumps_json,
+    loads_lenient,
 )
 from broker.remoting.codes import PermName, PullSysFlag, RequestCode, ResponseCode
 from broker.remoting.command import HeaderError, ProtocolError
@@ -56,7 +57,7 @@ from broker.remoting.headers import (
 from broker.server.clients import ClientRegistry, Notify
 from broker.server.message_store import GetStatus, MessageStore, PutResult, PutStatus
 from broker.store.batch import BatchFormatError, decode_batch
-from broker.store.config_files import SubscriptionGroupConfig, TopicConfig
+from broker.store.config_files import ConfigFileError, SubscriptionGroupConfig, TopicConfig
 from broker.store.constants import (
     COMPRESSED_FLAG,
     COMPRESSION_TYPE_MASK,
@@ -73,6 +74,10 @@ from broker.store.message_id import UniqKeyGenerator
 from broker.store.properties import decode_properties, encode_properties
 from broker.store.topics import (
     DLQ_GROUP_TOPIC_PREFIX,
+    SCHEDULE_TOPIC,
+    TRANS_CHECK_MAX_TIME_TOPIC,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_HALF_TOPIC,
     InvalidTopicError,
     consumer_group_of,
     dlq_topic,
@@ -88,6 +93,9 @@ MAX_PULL_MESSAGES = 32  # maxTransferCountOnMessageInMemory
 MAX_PULL_BYTES = 256 * 1024  # maxTransferBytesOnMessageInMemory
 RETRY_TOPIC_MAX_LENGTH = 255
 V3_4_9 = 121  # clients at or above honour maxReconsumeTimes from the send-back header
+# TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET: only the broker itself writes these
+NOT_ALLOWED_SEND_TOPICS = frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
+                                     "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT"})
 
 
 @dataclass
@@ -242,6 +250,8 @@ class BrokerCore:
         h = SendMessageRequestHeader.from_ext(req.ext, v2=req.code in (RequestCode.SEND_MESSAGE_V2,
                                                                         RequestCode.SEND_BATCH_MESSAGE))
         self._check_topic_name(h.topic)
+        if h.topic in NOT_ALLOWED_SEND_TOPICS:  # e.g. a forged SCHEDULE_TOPIC_XXXX record would jam its delay level
+            return _error(ResponseCode.NO_PERMISSION, f"Sending message to topic[{h.topic}] is forbidden.")
         if len(req.body) > self.max_message_size and not h.batch:
             return _error(ResponseCode.MESSAGE_ILLEGAL,
                           f"message body size {len(req.body)} exceeds maxMessageSize {self.max_message_size}")
@@ -504,8 +514,14 @@ class BrokerCore:
         return Reply(body=dumps_json(self.store.topics.table.to_json()))
 
     def update_and_create_subscription_group(self, req: Request) -> Reply:
-        data = json.loads(req.body.decode("utf-8"))
-        config = SubscriptionGroupConfig.from_json(data)
+        # a malformed body is the client's error (SYSTEM_ERROR with the reason), not a broker traceback
+        data = loads_lenient(req.body, "subscription group config")
+        if not isinstance(data, dict) or not isinstance(data.get("groupName"), str) or not data["groupName"]:
+            raise BodyError("subscription group config needs an object with a non-empty string groupName")
+        try:
+            config = SubscriptionGroupConfig.from_json(data)
+        except ConfigFileError as exc:
+            raise BodyError(f"subscription group config: {exc}") from None
         self.store.groups.put(config)
         self.store.persist_metadata(force=True)
         return Reply()

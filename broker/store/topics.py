@@ -99,5 +99,5 @@ def validate_topic(topic: str) -> None:
         raise InvalidTopicError("topic is empty")
     if len(topic) > MAX_TOPIC_LENGTH:
         raise InvalidTopicError(f"topic is {len(topic)} chars, the limit is {MAX_TOPIC_LENGTH}")
-    if not TOPIC_NAME_PATTERN.match(topic):
+    if not TOPIC_NAME_PATTERN.fullmatch(topic):  # not match(): "$" also matches before a final "\n"
         raise InvalidTopicError(f"topic {topic!r} has characters outside [%|a-zA-Z0-9_-]")

@@ -1,0 +1,119 @@
+"""The dispatcher process: ConsumeQueue and IndexFile built from the CommitLog (Apache's ReputMessageService).
+
+The store process appends and publishes its committed end (a shared integer) and wakes this process;
+this process reads the new records back from the commitlog files, writes consume-queue units and
+index entries, fsyncs them periodically, and reports which queues grew so the store process can serve
+them (and wake long-polling pulls). Dispatch is idempotent, so a crash anywhere is repaired by the
+next start's recovery.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import queue as queue_mod
+import threading
+import time
+from pathlib import Path
+
+from broker.server.message_store import Dispatcher, MessageStore, QueueRegistry, StoreSettings
+
+log = logging.getLogger(__name__)
+
+SYNC_INTERVAL_S = 1.0
+IDLE_WAIT_S = 0.05
+
+
+def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, committed, wake, stop,
+                    out, log_level: int) -> None:
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [dispatch] %(name)s: %(message)s")
+    store_path = Path(store_dir)
+    registry = QueueRegistry(store_path, settings.cq_file_bytes)
+    dispatcher = Dispatcher(store_path, settings, registry)
+    dispatcher.next_offset = start_offset
+    grown: dict[tuple[str, int], int] = {}
+    dispatcher.add_listener(lambda topic, qid, nxt: grown.__setitem__((topic, qid), nxt))
+    last_sync = time.monotonic()
+    log.info("dispatching %s from commitlog offset %d", store_dir, start_offset)
+    try:
+        while True:
+            wake.wait(IDLE_WAIT_S)
+            wake.clear()
+            end = committed.value
+            if end > dispatcher.next_offset:
+                dispatcher.catch_up(dispatcher.next_offset, end)
+                dispatcher.next_offset = max(dispatcher.next_offset, end)
+                if grown:
+                    report = [(t, q, nxt, registry.get(t, q).max_phy_end) for (t, q), nxt in grown.items()]
+                    grown.clear()
+                    out.put((report, dispatcher.last_store_timestamp))
+            if time.monotonic() - last_sync >= SYNC_INTERVAL_S:
+                dispatcher.sync()
+                last_sync = time.monotonic()
+            if stop.is_set() and dispatcher.next_offset >= committed.value:
+                break
+    finally:
+        dispatcher.sync()
+        dispatcher.close()
+        out.put(None)  # done: everything up to the committed end is dispatched and synced
+        log.info("dispatcher stopped at commitlog offset %d", dispatcher.next_offset)
+
+
+class ExternalDispatcher:
+    """Store-process side: starts the dispatcher process and feeds its progress into the store."""
+
+    def __init__(self, store: MessageStore, log_level: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.store = store
+        start = store.dispatched_offset
+        self._committed = ctx.Value("q", start, lock=False)
+        self._wake = ctx.Event()
+        self._stop = ctx.Event()
+        self._out = ctx.Queue()
+        self.process = ctx.Process(target=dispatcher_main, name="rocketlake-dispatch",
+                                   args=(str(store.store_dir), store.settings, start, self._committed,
+                                         self._wake, self._stop, self._out, log_level), daemon=False)
+        self._reader = threading.Thread(target=self._read, name="dispatch-progress", daemon=True)
+        self._done = threading.Event()
+        self._lock = threading.Lock()  # puts finish on many threads: the published end never goes back
+
+    def start(self) -> None:
+        self.process.start()
+        self._reader.start()
+        self.store.set_commit_listener(self.committed)
+
+    def committed(self, end: int) -> None:
+        with self._lock:
+            if end > self._committed.value:
+                self._committed.value = end
+        self._wake.set()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                item = self._out.get(timeout=1.0)
+            except queue_mod.Empty:
+                if not self.process.is_alive():
+                    log.error("dispatcher process exited with %s", self.process.exitcode)
+                    self._done.set()
+                    return
+                continue
+            if item is None:
+                self._done.set()
+                return
+            queues, last_ts = item
+            try:
+                self.store.external_advance(queues, last_ts)
+            except Exception:
+                log.exception("applying dispatch progress failed")
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Let the dispatcher finish everything committed, sync, and exit."""
+        self._stop.set()
+        self._wake.set()
+        self._done.wait(timeout)
+        self.process.join(timeout)
+        if self.process.is_alive():
+            log.error("dispatcher process did not stop; killing it (recovery will re-dispatch)")
+            self.process.kill()
+            self.process.join()
