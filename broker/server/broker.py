@@ -39,7 +39,7 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import RegisterBrokerRequestHeader, UnRegisterBrokerRequestHeader
 from broker.remoting.transport import Connection, RemotingServer, SyncRemotingClient
 from broker.server.message_store import MessageStore, StoreSettings
-from broker.server.processors import BrokerCore, Reply, Request
+from broker.server.processors import SEND_CODES, BrokerCore, Reply, Request
 from broker.server.schedule import ScheduleService
 from broker.server.settings import BrokerSettings
 from broker.store.hosts import Host
@@ -189,7 +189,11 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
         for note in core.channel_closed(channel):
             server.broadcast(("notify", note.group, note.channels))
 
-    server = IpcServer(socket_path, handle, on_closed)
+    def handle_sends(reqs: list[Request]) -> list[Reply]:
+        return core.send_messages(reqs)
+
+    server = IpcServer(socket_path, handle, on_closed, lane=lambda req: req.code in SEND_CODES,
+                       handle_batch=handle_sends)
     growth = _GrowthBatcher(server.broadcast)
     store.add_dispatch_listener(growth.grew)
     server.start()

@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import logging
 import pickle
+import queue
 import socket
 import struct
 import threading
@@ -53,10 +54,18 @@ class IpcServer:
     """
 
     def __init__(self, path: str, handle: Callable[[Any], Any], on_closed: Callable[[Any], None],
-                 workers: int = 16) -> None:
+                 workers: int = 16, *, lane: Callable[[Any], bool] | None = None,
+                 handle_batch: Callable[[list[Any]], list[Any]] | None = None, max_batch: int = 512) -> None:
         self.path = path
         self._handle = handle
         self._on_closed = on_closed
+        # The lane: requests ``lane(payload)`` selects (sends) queue up for one thread that hands
+        # everything waiting to ``handle_batch`` at once — one lock, one write, one fsync per group.
+        self._lane = lane if handle_batch is not None else None
+        self._handle_batch = handle_batch
+        self._max_batch = max_batch
+        self._lane_queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lane_thread = threading.Thread(target=self._lane_loop, name="ipc-lane", daemon=True)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="broker-core")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(path)
@@ -68,6 +77,31 @@ class IpcServer:
 
     def start(self) -> None:
         self._thread.start()
+        if self._lane is not None:
+            self._lane_thread.start()
+
+    def _lane_loop(self) -> None:
+        while True:
+            first = self._lane_queue.get()
+            if first is None:
+                return
+            items = [first]
+            while len(items) < self._max_batch:
+                try:
+                    item = self._lane_queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._lane_queue.put(None)
+                    break
+                items.append(item)
+            try:
+                replies = self._handle_batch([payload for _, _, _, payload in items])
+            except Exception as exc:  # the batch handler answers errors itself; this is a last resort
+                log.exception("batch of %d requests failed", len(items))
+                replies = [exc] * len(items)
+            for (conn, lock, ident, _), reply in zip(items, replies):
+                self._send(conn, lock, pack("rep", ident, reply))
 
     def _accept_loop(self) -> None:
         while not self._stopping:
@@ -102,7 +136,10 @@ class IpcServer:
                     return
                 kind, ident, payload = pickle.loads(data)
                 if kind == "req":
-                    self._pool.submit(self._run, conn, lock, ident, payload)
+                    if self._lane is not None and self._lane(payload):
+                        self._lane_queue.put((conn, lock, ident, payload))
+                    else:
+                        self._pool.submit(self._run, conn, lock, ident, payload)
                 elif kind == "closed":
                     self._pool.submit(self._on_closed, payload)
         except OSError:
@@ -135,6 +172,7 @@ class IpcServer:
                     conn.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+        self._lane_queue.put(None)
         self._pool.shutdown(wait=True, cancel_futures=False)
 
 

@@ -830,43 +830,71 @@ class MessageStore:
         return self._put(list(records), batch=True, apply_delay=False)
 
     def _put(self, records: list[MessageRecord], batch: bool, apply_delay: bool) -> PutResult:
-        if not self._open:
-            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE)
-        if not records:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL)
-        prepared = self._prepare(records, batch, apply_delay)
-        if isinstance(prepared, PutStatus):
-            return PutResult(prepared)
-        with self._put_lock:
+        return self.put_many([(records, batch, apply_delay)])[0]
+
+    def put_many(self, puts: Sequence[tuple[list[MessageRecord], bool, bool]]) -> list[PutResult]:
+        """Several independent puts ``(records, batch, apply_delay)`` under one lock, with one write
+        to the file, one dispatch wake-up and (SYNC_FLUSH) one fsync: the broker hands all the sends
+        that arrived together to this call, which is what makes group commit pay off."""
+        results: list[PutResult | None] = [None] * len(puts)
+        prepared: list[tuple[int, list[MessageRecord]]] = []
+        for i, (records, batch, apply_delay) in enumerate(puts):
             if not self._open:
-                return PutResult(PutStatus.SERVICE_NOT_AVAILABLE)
-            before = self._writer.write_offset
-            ts = self.clock()
-            try:
-                results = self._writer.append_batch(prepared, ts)
-                self._writer.flush()  # pwrite: visible to readers and to the dispatcher
-            except ValueError as exc:  # cannot fit a commitlog file
-                log.warning("rejected put to %s: %s", prepared[0].topic, exc)
-                return PutResult(PutStatus.MESSAGE_ILLEGAL)
-            except OSError:
-                log.exception("commitlog append failed")
-                return PutResult(PutStatus.UNKNOWN_ERROR)
-            self._committed_end = self._writer.write_offset
-            self._dirty_segments.add(self._segment_base(before))
-            self._dirty_segments.add(self._segment_base(results[0].physical_offset))
-            self._last_store_ts = ts
-            if not self.settings.external_dispatch:
-                self._dispatcher.dispatch([r.record for r in results])
-            end = self._committed_end
-        if self._commit_listener is not None:
-            self._commit_listener(end)
-        status = PutStatus.PUT_OK
-        if self.settings.flush_disk_type == SYNC_FLUSH and not self._sync_to(end):
-            status = PutStatus.FLUSH_DISK_TIMEOUT
-        placed = tuple(r.record for r in results)
-        return PutResult(status, ",".join(r.offset_msg_id for r in placed), placed[0].topic, placed[0].queue_id,
-                         placed[0].queue_offset, tuple(r.physical_offset for r in placed),
-                         sum(r.size for r in results), ts, placed)
+                results[i] = PutResult(PutStatus.SERVICE_NOT_AVAILABLE)
+            elif not records:
+                results[i] = PutResult(PutStatus.MESSAGE_ILLEGAL)
+            else:
+                ready = self._prepare(records, batch, apply_delay)
+                if isinstance(ready, PutStatus):
+                    results[i] = PutResult(ready)
+                else:
+                    prepared.append((i, ready))
+        appended: list[tuple[int, list, int]] = []
+        end = None
+        if prepared:
+            with self._put_lock:
+                if not self._open:
+                    for i, _ in prepared:
+                        results[i] = PutResult(PutStatus.SERVICE_NOT_AVAILABLE)
+                    prepared = []
+                for i, ready in prepared:
+                    before = self._writer.write_offset
+                    ts = self.clock()
+                    try:
+                        placed = self._writer.append_batch(ready, ts)
+                    except ValueError as exc:  # cannot fit a commitlog file
+                        log.warning("rejected put to %s: %s", ready[0].topic, exc)
+                        results[i] = PutResult(PutStatus.MESSAGE_ILLEGAL)
+                        continue
+                    self._dirty_segments.add(self._segment_base(before))
+                    self._dirty_segments.add(self._segment_base(placed[0].physical_offset))
+                    self._last_store_ts = ts
+                    appended.append((i, placed, ts))
+                if appended:
+                    try:
+                        self._writer.flush()  # pwrite: visible to readers and to the dispatcher
+                    except OSError:
+                        log.exception("commitlog append failed")
+                        for i, _, _ in appended:
+                            results[i] = PutResult(PutStatus.UNKNOWN_ERROR)
+                        return results  # type: ignore[return-value]
+                    self._committed_end = self._writer.write_offset
+                    if not self.settings.external_dispatch:
+                        self._dispatcher.dispatch([r.record for _, placed, _ in appended for r in placed])
+                    end = self._committed_end
+        if end is not None:
+            if self._commit_listener is not None:
+                self._commit_listener(end)
+            status = PutStatus.PUT_OK
+            if self.settings.flush_disk_type == SYNC_FLUSH and not self._sync_to(end):
+                status = PutStatus.FLUSH_DISK_TIMEOUT
+            for i, placed_results, ts in appended:
+                placed = tuple(r.record for r in placed_results)
+                results[i] = PutResult(status, ",".join(r.offset_msg_id for r in placed), placed[0].topic,
+                                       placed[0].queue_id, placed[0].queue_offset,
+                                       tuple(r.physical_offset for r in placed),
+                                       sum(r.size for r in placed_results), ts, placed)
+        return results  # type: ignore[return-value]
 
     def _prepare(self, records: list[MessageRecord], batch: bool, apply_delay: bool) -> list[MessageRecord] | PutStatus:
         """Validate and rewrite records as the store does before appending (``checkMessage``,
