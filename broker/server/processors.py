@@ -120,6 +120,19 @@ class Reply:
     notify: list[Notify] = field(default_factory=list)  # NOTIFY_CONSUMER_IDS_CHANGED to send
 
 
+@dataclass
+class PreparedSend:
+    """A validated send, ready for the store: one record, or the records of a batch."""
+
+    records: list[MessageRecord]
+    batch: bool
+    queue_id: int
+    uniq_key: str | None
+
+
+SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE})
+
+
 def _error(code: int, remark: str) -> Reply:
     return Reply(code=code, remark=remark)
 
@@ -207,6 +220,32 @@ class BrokerCore:
         handler = self._handlers.get(req.code)
         if handler is None:
             return _error(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request type {req.code} not supported")
+        return self._guarded(handler, req)
+
+    def send_messages(self, reqs: list[Request]) -> list[Reply]:
+        """Sends that arrived together: validated one by one, stored with one ``put_many``."""
+        replies: list[Reply | None] = [None] * len(reqs)
+        ready: list[tuple[int, PreparedSend]] = []
+        for i, req in enumerate(reqs):
+            prepared = self._guarded(self._prepare_send, req)
+            if isinstance(prepared, Reply):
+                replies[i] = prepared
+            else:
+                ready.append((i, prepared))
+        if ready:
+            try:
+                results = self.store.put_many([(p.records, p.batch, not p.batch) for _, p in ready])
+            except Exception as exc:
+                log.exception("storing %d sends failed", len(ready))
+                results = None
+                for i, _ in ready:
+                    replies[i] = _error(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+            if results is not None:
+                for (i, p), result in zip(ready, results):
+                    replies[i] = self._send_reply(result, p.queue_id, p.uniq_key)
+        return replies  # type: ignore[return-value]
+
+    def _guarded(self, handler: Callable[[Request], object], req: Request):
         try:
             return handler(req)
         except (HeaderError, ProtocolError) as exc:
@@ -247,6 +286,9 @@ class BrokerCore:
 
     # ---- send ------------------------------------------------------------------------------------------
     def send_message(self, req: Request) -> Reply:
+        return self.send_messages([req])[0]
+
+    def _prepare_send(self, req: Request) -> Reply | PreparedSend:
         h = SendMessageRequestHeader.from_ext(req.ext, v2=req.code in (RequestCode.SEND_MESSAGE_V2,
                                                                         RequestCode.SEND_BATCH_MESSAGE))
         self._check_topic_name(h.topic)
@@ -294,10 +336,10 @@ class BrokerCore:
         rec = MessageRecord(topic=topic, body=req.body, properties_raw=raw, queue_id=queue_id, flag=h.flag,
                             sys_flag=h.sys_flag, born_timestamp=h.born_timestamp, born_host=born,
                             store_host=self.store_host, reconsume_times=reconsume)
-        return self._send_reply(self.store.put_message(rec), queue_id, props.get(PROPERTY_UNIQ_KEY))
+        return PreparedSend([rec], False, queue_id, props.get(PROPERTY_UNIQ_KEY))
 
     def _send_batch(self, h: SendMessageRequestHeader, body: bytes, topic: str, queue_id: int,
-                    born: Host) -> Reply:
+                    born: Host) -> Reply | PreparedSend:
         if is_retry_topic(topic):
             return _error(ResponseCode.MESSAGE_ILLEGAL, "batch sends to a retry topic are not allowed")
         if h.sys_flag & COMPRESSED_FLAG:  # the C++ client zlib-compresses whole batches >= 4 KiB
@@ -324,7 +366,7 @@ class BrokerCore:
                                          flag=item.flag, sys_flag=h.sys_flag & ~(COMPRESSED_FLAG | COMPRESSION_TYPE_MASK),
                                          born_timestamp=h.born_timestamp, born_host=born,
                                          store_host=self.store_host, reconsume_times=h.reconsume_times or 0))
-        return self._send_reply(self.store.put_messages(records), queue_id, None)
+        return PreparedSend(records, True, queue_id, None)
 
     def _send_reply(self, result: PutResult, queue_id: int, uniq_key: str | None) -> Reply:
         code = _PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
@@ -394,18 +436,22 @@ class BrokerCore:
 
     def get_max_offset(self, req: Request) -> Reply:
         h = GetMaxOffsetRequestHeader.from_ext(req.ext)
+        self._check_topic_name(h.topic)  # the queue directory is named after it: no "../" reads
         return Reply(ext={"offset": str(self.store.max_offset(h.topic, h.queue_id))})
 
     def get_min_offset(self, req: Request) -> Reply:
         h = GetMinOffsetRequestHeader.from_ext(req.ext)
+        self._check_topic_name(h.topic)
         return Reply(ext={"offset": str(self.store.min_offset(h.topic, h.queue_id))})
 
     def get_earliest_msg_storetime(self, req: Request) -> Reply:
         h = GetEarliestMsgStoretimeRequestHeader.from_ext(req.ext)
+        self._check_topic_name(h.topic)
         return Reply(ext={"timestamp": str(self.store.earliest_store_time(h.topic, h.queue_id))})
 
     def search_offset_by_timestamp(self, req: Request) -> Reply:
         h = SearchOffsetRequestHeader.from_ext(req.ext)
+        self._check_topic_name(h.topic)
         boundary = (h.boundary_type or "lower").lower()
         return Reply(ext={"offset": str(self.store.search_offset_by_time(h.topic, h.queue_id, h.timestamp,
                                                                           boundary))})
