@@ -227,17 +227,19 @@ def cmd_namesrv_start(args: argparse.Namespace) -> int:
 def cmd_broker_start(args: argparse.Namespace) -> int:
     from broker.remoting.transport import parse_address
     from broker.server.broker import run_broker
-    from broker.server.settings import SettingsError, load_settings
+    from broker.server.settings import BrokerSettings, SettingsError, load_settings
 
     overrides: dict = {"broker_name": args.name, "namesrv_addr": args.namesrv,
                        "flush_disk_type": args.flush_disk_type, "request_processes": args.processes}
+    host = None
     if args.listen:
         host, port = parse_address(args.listen)
         overrides.update(listen_host=host, listen_port=port)
-        if host not in ("0.0.0.0", "::", ""):
-            overrides.setdefault("broker_ip1", host)
     try:
         settings = load_settings(args.config, **overrides)
+        if host not in (None, "0.0.0.0", "::", "") and settings.broker_ip1 == BrokerSettings().broker_ip1:
+            # no brokerIP1 configured: clients reach us where we listen
+            settings = settings.with_overrides(broker_ip1=host)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
