@@ -138,3 +138,53 @@ def test_queue_selection_avoids_failed_brokers():
     ids = ["c1", "c2", "c3", "c4"]
     got = [allocate_averagely(queues, ids, c) for c in ids]
     assert [len(g) for g in got] == [2, 2, 1, 1] and sorted(q for g in got for q in g) == sorted(queues)
+
+
+def test_lookups_and_admin_requests(broker):
+    from broker.client.consumer import decode_records
+    from broker.client.instance import ClientInstance
+    from broker.remoting.bodies import TopicStatsTable
+    from broker.remoting.codes import RequestCode, ResponseCode
+    from broker.remoting.command import RemotingCommand
+
+    with Producer("PG_LOOKUP", broker.namesrv) as producer:
+        sent = [producer.send(Message("LookupTopic", f"m{i}".encode(), keys=[f"lk-{i}", "shared-key"]))
+                for i in range(6)]
+    client = ClientInstance(broker.namesrv)
+    try:
+        def call(code, ext=None, body=b""):
+            return client.invoke(broker.addr, RemotingCommand.request(code, ext or {}, body))
+
+        found = call(RequestCode.QUERY_MESSAGE, {"topic": "LookupTopic", "key": "shared-key", "maxNum": 64,
+                                                 "beginTimestamp": 0, "endTimestamp": 2**62})
+        assert found.code == ResponseCode.SUCCESS
+        assert sorted(m.payload for m in decode_records(found.body)) == [f"m{i}".encode() for i in range(6)]
+        one = call(RequestCode.QUERY_MESSAGE, {"topic": "LookupTopic", "key": "lk-3", "maxNum": 64,
+                                               "beginTimestamp": 0, "endTimestamp": 2**62})
+        assert [m.payload for m in decode_records(one.body)] == [b"m3"]
+        missing = call(RequestCode.QUERY_MESSAGE, {"topic": "LookupTopic", "key": "nope", "maxNum": 64,
+                                                   "beginTimestamp": 0, "endTimestamp": 2**62})
+        assert missing.code == ResponseCode.QUERY_NOT_FOUND
+        from broker.store.message_id import decode_offset_msg_id
+
+        phy = decode_offset_msg_id(sent[2].offset_msg_id).physical_offset
+        view = call(RequestCode.VIEW_MESSAGE_BY_ID, {"topic": "LookupTopic", "offset": phy})
+        assert [m.payload for m in decode_records(view.body)] == [b"m2"]
+        assert call(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": 10**12}).code == ResponseCode.SYSTEM_ERROR
+        mq = sent[0].queue
+        assert call(RequestCode.GET_MIN_OFFSET, {"topic": "LookupTopic", "queueId": mq.queue_id}).ext_fields["offset"] == "0"
+        hi = int(call(RequestCode.GET_MAX_OFFSET, {"topic": "LookupTopic", "queueId": mq.queue_id}).ext_fields["offset"])
+        assert hi == sum(1 for r in sent if r.queue == mq)
+        search = call(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {"topic": "LookupTopic", "queueId": mq.queue_id,
+                                                               "timestamp": 0})
+        assert search.ext_fields["offset"] == "0"
+        stats = TopicStatsTable.decode(call(RequestCode.GET_TOPIC_STATS_INFO, {"topic": "LookupTopic"}).body)
+        assert sum(o.max_offset for o in stats.offset_table.values()) == 6
+        configs = call(RequestCode.GET_ALL_TOPIC_CONFIG)
+        assert b'"LookupTopic"' in configs.body
+        unknown = call(9999)
+        assert (unknown.code, unknown.remark) == (ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "request type 9999 not supported")
+        bad = call(RequestCode.PULL_MESSAGE, {"topic": "LookupTopic"})
+        assert bad.code == ResponseCode.SYSTEM_ERROR and "consumerGroup" in bad.remark
+    finally:
+        client.close()
