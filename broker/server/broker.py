@@ -85,7 +85,10 @@ class NameServerRegistrar:
     def _run(self) -> None:
         period = max(10_000, min(60_000, self.settings.register_name_server_period)) / 1000
         while not self._stop.is_set():
-            self.register_once()
+            try:
+                self.register_once()
+            except Exception:  # keep registering: a name server forgets a broker silent for 2 minutes
+                log.exception("name server registration failed")
             self._wake.wait(period)
             self._wake.clear()
 
@@ -96,7 +99,8 @@ class NameServerRegistrar:
                                            broker_id=s.broker_id).to_ext()
 
     def register_once(self) -> None:
-        body = RegisterBrokerBody(self.store.topics.table).encode()
+        with self.store.topics.lock:  # request threads create topics meanwhile
+            body = RegisterBrokerBody(self.store.topics.table).encode()
         for addr, client in self._clients.items():
             try:
                 resp = client.invoke(RemotingCommand.request(RequestCode.REGISTER_BROKER, self._header(), body),

@@ -57,12 +57,20 @@ class BrokerHandle:
         return self.proc.returncode
 
     def kill(self) -> None:
-        """SIGKILL the supervisor and every broker process (its whole process group)."""
+        """SIGKILL the supervisor and every broker process (its whole process group), and wait until
+        none is left (a dying network process may otherwise still hold the port)."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
 
 
 def start_namesrv(tmp: Path) -> tuple[subprocess.Popen, str]:

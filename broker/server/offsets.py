@@ -62,6 +62,12 @@ class _Persistent:
     def _changed(self) -> None:
         self._version += 1
 
+    @property
+    def lock(self) -> threading.RLock:
+        """Held while the table changes: hold it to read the whole table from another thread
+        (iterating it while a request thread adds an entry raises RuntimeError)."""
+        return self._lock
+
     def _table(self):  # pragma: no cover - overridden
         raise NotImplementedError
 

@@ -93,6 +93,7 @@ MAX_PULL_MESSAGES = 32  # maxTransferCountOnMessageInMemory
 MAX_PULL_BYTES = 256 * 1024  # maxTransferBytesOnMessageInMemory
 RETRY_TOPIC_MAX_LENGTH = 255
 V3_4_9 = 121  # clients at or above honour maxReconsumeTimes from the send-back header
+MAX_QUEUE_NUMS = 1024  # per topic and broker; a bound keeps stats requests from looping for ever
 # TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET: only the broker itself writes these
 NOT_ALLOWED_SEND_TOPICS = frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
                                      "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT"})
@@ -308,7 +309,7 @@ class BrokerCore:
         if queue_id < 0:
             queue_id = random.randrange(max(config.write_queue_nums, 1))
         elif queue_id >= queue_nums:
-            return _error(ResponseCode.SYSTEM_ERROR,
+            return _error(ResponseCode.INVALID_PARAMETER,
                           f"request queueId[{queue_id}] is illegal, topic has {queue_nums} queues")
         topic, reconsume = h.topic, h.reconsume_times or 0
         if is_retry_topic(topic):
@@ -546,6 +547,9 @@ class BrokerCore:
     def update_and_create_topic(self, req: Request) -> Reply:
         h = CreateTopicRequestHeader.from_ext(req.ext)
         self._check_topic_name(h.topic)
+        for name, value in (("readQueueNums", h.read_queue_nums), ("writeQueueNums", h.write_queue_nums)):
+            if not 0 <= value <= MAX_QUEUE_NUMS:
+                return _error(ResponseCode.INVALID_PARAMETER, f"{name} {value} is outside 0..{MAX_QUEUE_NUMS}")
         if h.topic == "TBW102" or h.topic == self.cluster_name:
             return _error(ResponseCode.SYSTEM_ERROR, f"the topic[{h.topic}] is conflict with system reserved words")
         self.store.topics.put(TopicConfig(h.topic, read_queue_nums=h.read_queue_nums,
@@ -557,7 +561,9 @@ class BrokerCore:
         return Reply()
 
     def get_all_topic_config(self, req: Request) -> Reply:
-        return Reply(body=dumps_json(self.store.topics.table.to_json()))
+        with self.store.topics.lock:  # other request threads change the table meanwhile
+            body = dumps_json(self.store.topics.table.to_json())
+        return Reply(body=body)
 
     def update_and_create_subscription_group(self, req: Request) -> Reply:
         # a malformed body is the client's error (SYSTEM_ERROR with the reason), not a broker traceback
@@ -573,13 +579,19 @@ class BrokerCore:
         return Reply()
 
     def get_all_subscription_group_config(self, req: Request) -> Reply:
-        return Reply(body=dumps_json(self.store.groups.table.to_json()))
+        with self.store.groups.lock:  # other request threads change the table meanwhile
+            body = dumps_json(self.store.groups.table.to_json())
+        return Reply(body=body)
 
     def get_all_consumer_offset(self, req: Request) -> Reply:
-        return Reply(body=dumps_json(self.store.consumer_offsets.table.to_json()))
+        with self.store.consumer_offsets.lock:  # other request threads change the table meanwhile
+            body = dumps_json(self.store.consumer_offsets.table.to_json())
+        return Reply(body=body)
 
     def get_all_delay_offset(self, req: Request) -> Reply:
-        return Reply(body=dumps_json(self.store.delay_offsets.table.to_json()))
+        with self.store.delay_offsets.lock:  # other request threads change the table meanwhile
+            body = dumps_json(self.store.delay_offsets.table.to_json())
+        return Reply(body=body)
 
     def _last_store_time(self, topic: str, qid: int, offset: int) -> int:
         if offset <= 0:
@@ -608,7 +620,8 @@ class BrokerCore:
         """Consumer progress per queue (mqadmin consumerProgress): broker, consumer and pull offsets."""
         h = GetConsumeStatsRequestHeader.from_ext(req.ext)
         group = h.consumer_group
-        topics = [h.topic] if h.topic else sorted(self.store.consumer_offsets.table.topics_of(group))
+        with self.store.consumer_offsets.lock:
+            topics = [h.topic] if h.topic else sorted(self.store.consumer_offsets.table.topics_of(group))
         table = {}
         for topic in topics:
             config = self.store.topics.get(topic)
