@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
-from broker.client.instance import ClientInstance, MQClientError
+from broker.client.instance import ClientLifecycle, MQClientError
 from broker.remoting.bodies import (
     ConsumeFromWhere,
     ConsumerData,
@@ -73,7 +73,7 @@ def _tags_filter(expression: str) -> set[str] | None:
     return None if not tags or "*" in tags else tags
 
 
-class PullConsumer:
+class PullConsumer(ClientLifecycle):
     """Pull with explicit offsets; offsets can be stored on the broker (``commit``/``committed``)."""
 
     def __init__(self, group: str, namesrv_addr: str, *, timeout: float = 3.0, instance_name: str = "DEFAULT") -> None:
@@ -81,28 +81,7 @@ class PullConsumer:
         self.namesrv_addr = namesrv_addr
         self.timeout = timeout
         self.instance_name = instance_name
-        self._client: ClientInstance | None = None
-
-    def start(self) -> "PullConsumer":
-        self._client = ClientInstance(self.namesrv_addr, self.instance_name, self.timeout)
-        return self
-
-    def shutdown(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-
-    def __enter__(self) -> "PullConsumer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
-
-    @property
-    def client(self) -> ClientInstance:
-        if self._client is None:
-            raise MQClientError("consumer is not started")
-        return self._client
+        self._client = None
 
     def queues(self, topic: str) -> list[MessageQueue]:
         route = self.client.route(topic, refresh=True)

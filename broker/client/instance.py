@@ -154,3 +154,33 @@ class ClientInstance:
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+class ClientLifecycle:
+    """start/shutdown/context-manager plumbing shared by the producer and the consumers."""
+
+    namesrv_addr: str
+    instance_name: str
+    timeout: float
+    _client: ClientInstance | None = None
+
+    def start(self):
+        self._client = ClientInstance(self.namesrv_addr, self.instance_name, self.timeout)
+        return self
+
+    def shutdown(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    @property
+    def client(self) -> ClientInstance:
+        if self._client is None:
+            raise MQClientError(f"{type(self).__name__} is not started")
+        return self._client

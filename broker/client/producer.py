@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Sequence
 
-from broker.client.instance import DEFAULT_TOPIC, ClientInstance, MQClientError, TopicRoute
+from broker.client.instance import DEFAULT_TOPIC, ClientLifecycle, MQClientError, TopicRoute
 from broker.remoting.bodies import MessageQueue
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
@@ -95,42 +95,21 @@ class LatencyFaultTolerance:
             return until is None or until <= self._clock()
 
 
-class Producer:
+class Producer(ClientLifecycle):
     """``Producer("group", "127.0.0.1:9876").start()`` then ``send``/``send_async``/``send_oneway``/``send_batch``."""
 
     def __init__(self, group: str, namesrv_addr: str, *, send_timeout: float = 3.0, retry_times: int = 2,
                  max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, instance_name: str = "DEFAULT") -> None:
         self.group = group
         self.namesrv_addr = namesrv_addr
-        self.send_timeout = send_timeout
+        self.send_timeout = self.timeout = send_timeout
         self.retry_times = retry_times
         self.max_message_size = max_message_size
         self.instance_name = instance_name
         self.faults = LatencyFaultTolerance()
         self._counter = itertools.count()
         self._uniq = UniqKeyGenerator()
-        self._client: ClientInstance | None = None
-
-    def start(self) -> "Producer":
-        self._client = ClientInstance(self.namesrv_addr, self.instance_name, self.send_timeout)
-        return self
-
-    def shutdown(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-
-    def __enter__(self) -> "Producer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
-
-    @property
-    def client(self) -> ClientInstance:
-        if self._client is None:
-            raise MQClientError("producer is not started")
-        return self._client
+        self._client = None
 
     # ---- routing -------------------------------------------------------------------------------------
     def _route(self, topic: str) -> tuple[TopicRoute, bool]:
