@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= build/demo
 DEMO_DELAY_LEVELS := 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s
 
-.PHONY: venv test demo java-check bench-decode clean
+.PHONY: venv test demo java-check bench-decode bench-broker clean
 
 venv: $(STAMP)
 
@@ -38,6 +38,9 @@ demo: venv java-check
 
 bench-decode: venv
 	$(BIN)/python benchmarks/decode.py
+
+bench-broker: venv
+	$(BIN)/python benchmarks/broker.py
 
 clean:
 	rm -rf build $(VENV)
