@@ -6,8 +6,9 @@ pytest down; each script prints one JSON document. The scenario, in fixture orde
 
 1. an idle push consumer starts on an empty topic, connected through counting proxies (a name-server
    proxy rewrites its routes to a broker proxy that logs requests and decodes PULL answers);
-2. a producer sends 2,800 messages (sync, oneway, batches of 10, orderly) with keys, tags, user
-   properties (non-ASCII too) and bodies from 1 byte to 200 KB;
+2. a producer sends 3,000 messages (sync, oneway, async, batches of 10, orderly) with keys, tags, user
+   properties (non-ASCII too) and bodies from 1 byte to 200 KB; the async sends are still in flight
+   while the batches and orderly messages go out;
 3. in parallel: push consumers for ``*`` (concurrent and orderly) and ``TagA || TagB``, a pull
    consumer, and, one message at a time, a consumer that fails everything (retryMaxTimes 2 →
    ``%RETRY%`` → ``%DLQ%``);
@@ -72,7 +73,8 @@ QUEUES = 4  # auto-created topics: min(defaultTopicQueueNums 4 from the C++ clie
 BROKER_CONFIG = {"messageDelayLevel": DELAY_LEVELS, "flushDiskType": "SYNC_FLUSH",
                  "mappedFileSizeCommitLog": 1024 * 1024}
 
-N_SYNC, N_ONEWAY, N_BATCHES, BATCH_SIZE, N_ORDERLY = 2000, 300, 30, 10, 200
+N_SYNC, N_ONEWAY, N_ASYNC, N_BATCHES, BATCH_SIZE, N_ORDERLY = 2000, 300, 200, 30, 10, 200
+REPLY_MODES = ("sync", "async", "orderly")  # single sends whose SendResult names the message
 
 
 # =====================================================================================================
@@ -288,6 +290,10 @@ def build_messages() -> list[dict]:
         msgs.append(new("sync", i, size))
     for i in range(N_ONEWAY):
         msgs.append(new("oneway", i, special_sizes.get(i) or rng.randint(2, 900)))
+    for i in range(N_ASYNC):
+        size = special_sizes.get(i) or int(rng.choice([rng.randint(1, 80), rng.randint(80, 1200),
+                                                         rng.randint(1200, 6000)]))
+        msgs.append(new("async", i, size))
     for b in range(N_BATCHES):
         for k in range(BATCH_SIZE):
             i = b * BATCH_SIZE + k
@@ -443,7 +449,7 @@ def produced(env, idle):
     # through the proxies, which record the sysFlag of each SEND_MESSAGE
     main = env.client("producer", ["produce.py", env.ns_proxy.addr, PRODUCER_GROUP, str(spec)],
                       timeout=150).result()
-    env.timings["produce 2800"] = time.monotonic() - t0
+    env.timings[f"produce {len(msgs)}"] = time.monotonic() - t0
     # oneway sends have no answer: wait until the broker holds every message before consuming
     wait_for(f"{len(msgs)} messages in {TOPIC}",
              lambda: sum(max_offset(env.broker.addr, TOPIC, q) for q in range(QUEUES)) >= len(msgs), 30,
@@ -549,12 +555,14 @@ def test_producer_every_send_succeeded(env, produced):
     sent = [s for r in res["results"] for s in r["seqs"]]
     assert sent == [m["seq"] for m in msgs]
     by_mode = Counter(r["mode"] for r in res["results"])
-    assert by_mode == {"sync": N_SYNC, "oneway": N_ONEWAY, "batch": N_BATCHES, "orderly": N_ORDERLY}
+    assert by_mode == {"sync": N_SYNC, "oneway": N_ONEWAY, "async": N_ASYNC, "batch": N_BATCHES,
+                       "orderly": N_ORDERLY}
     # what the wire carried: single messages ≥ 4 KiB and batches ≥ 4 KiB zlib-compressed (sysFlag 1)
     big = sum(1 for m in msgs if m["mode"] != "batch" and len(m["body"].encode("utf-8")) >= 4096)
     sends = env.broker_proxy.sends
     assert sends[(False, True)] == big > 0
-    assert sends[(False, False)] == N_SYNC + N_ONEWAY + N_ORDERLY - big
+    assert sends[(False, False)] == N_SYNC + N_ONEWAY + N_ASYNC + N_ORDERLY - big
+    assert any(m["mode"] == "async" and len(m["body"].encode("utf-8")) >= 4096 for m in msgs)
     assert sends[(True, True)] > 0 and sends[(True, False)] > 0
     assert sends[(True, True)] + sends[(True, False)] == N_BATCHES
     for r in res["results"]:
@@ -565,6 +573,9 @@ def test_producer_every_send_succeeded(env, produced):
             assert r["msg_id"] == "", r  # the batch wrapper has no UNIQ_KEY
         else:
             assert len(r["msg_id"]) == 32 and int(r["msg_id"], 16) >= 0, r  # the client's UNIQ_KEY
+            assert isinstance(r["offset"], int) and r["offset"] >= 0, r
+    ids = [r["msg_id"] for r in res["results"] if r["mode"] in REPLY_MODES]
+    assert len(set(ids)) == len(ids) == N_SYNC + N_ASYNC + N_ORDERLY
 
 
 def test_push_consumer_receives_every_message_exactly_as_sent(produced, consumed):
@@ -572,7 +583,7 @@ def test_push_consumer_receives_every_message_exactly_as_sent(produced, consumed
     assert res["complete"], f"push consumer saw {res['unique']} of {len(produced['messages'])} messages in 120 s"
     check_deliveries("push consumer (*)", res["deliveries"], produced["by_seq"], TOPIC)
     # the message id the consumer sees is the producer's UNIQ_KEY
-    ids = {r["seqs"][0]: r["msg_id"] for r in produced["result"]["results"] if r["mode"] in ("sync", "orderly")}
+    ids = {r["seqs"][0]: r["msg_id"] for r in produced["result"]["results"] if r["mode"] in REPLY_MODES}
     wrong = [(d["props"]["seq"], ids[d["props"]["seq"]], d["id"]) for d in res["deliveries"]
              if d["props"]["seq"] in ids and d["id"] != ids[d["props"]["seq"]]]
     assert not wrong, _fail_lines("msg id differs (seq, sent, received)", wrong)
@@ -714,7 +725,7 @@ def test_store_holds_exactly_the_sent_messages(env, produced, stopped):
             want = "ZLIB" if len(body) >= 4096 else "NONE"
             checks["compression"] = row["compression"] == want and bool(row["sys_flag"] & 1) == (want == "ZLIB")
         r = results[m["seq"]]
-        if m["mode"] in ("sync", "orderly"):
+        if m["mode"] in REPLY_MODES:
             checks["send result"] = row["uniq_key"] == r["msg_id"] and row["queue_offset"] == r["offset"]
         if m["mode"] == "orderly":
             checks["orderly queue"] = row["queue_id"] == m["arg"] % QUEUES

@@ -1,9 +1,11 @@
 """Send messages with the C++ client: ``produce.py NAMESRV GROUP SPEC.json``.
 
-SPEC: {"topic": str, "messages": [{"seq", "mode": sync|oneway|orderly|batch, "keys"?, "tags"?,
+SPEC: {"topic": str, "messages": [{"seq", "mode": sync|async|oneway|orderly|batch, "keys"?, "tags"?,
 "props": {name: value}, "body": str, "arg"? (orderly), "batch"? (batch id: consecutive messages with
 the same id go in one send_batch)}]}. Bodies are text: the binding passes them as C strings (no NULs).
-Prints {"results": [{"seqs": [...], "mode", "status", "msg_id", "offset"}], "errors": [...]}.
+Prints {"results": [{"seqs": [...], "mode", "status", "msg_id", "offset"}], "errors": [...]}, results in
+spec order. Async sends report from a librocketmq thread; the script waits (bounded, ASYNC_WAIT seconds)
+until every one has called back before it shuts the producer down; one that never did is an error.
 """
 
 from __future__ import annotations
@@ -11,11 +13,62 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 from rocketmq.client import Message, Producer
 
 from _common import emit
+
+ASYNC_WAIT = 60.0
+
+
+class AsyncSends:
+    """Async sends in flight. The callbacks run on a librocketmq thread: every change is under the lock,
+    and each send settles once (SendMessageAsync may call the exception callback and then fail too)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.pending: dict[str, dict] = {}  # seq -> its slot in results
+        self.errors: list[dict] = []
+        self.keep: list = []  # the Message objects, alive until shutdown
+
+    def start(self, producer: Producer, msg: Message, seq: str, slot: dict) -> None:
+        with self.cond:
+            self.pending[seq] = slot
+            self.keep.append(msg)
+
+        def on_success(res) -> None:
+            self._settle(seq, status=int(res.status), msg_id=res.msg_id, offset=res.offset)
+
+        def on_exception(exc) -> None:
+            self._settle(seq, error=f"{type(exc).__name__}: {exc}")
+
+        try:
+            producer.send_async(msg, on_success, on_exception)
+        except Exception as exc:
+            self._settle(seq, error=f"{type(exc).__name__}: {exc}")
+
+    def _settle(self, seq: str, error: str | None = None, **result) -> None:
+        with self.cond:
+            slot = self.pending.pop(seq, None)
+            if slot is None:
+                return  # settled already
+            if error is None:
+                slot.update(result)
+            else:
+                slot["failed"] = True
+                self.errors.append({"seq": seq, "mode": "async", "error": error})
+            self.cond.notify_all()
+
+    def wait(self, timeout: float) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: not self.pending, timeout)
+            for seq, slot in list(self.pending.items()):
+                slot["failed"] = True
+                self.errors.append({"seq": seq, "mode": "async",
+                                    "error": f"no callback within {timeout:.0f} s of the last send"})
+            self.pending.clear()
 
 
 def build(topic: str, spec: dict) -> Message:
@@ -39,6 +92,7 @@ def main() -> int:
     producer.set_namesrv_addr(namesrv)
     producer.start()
     results, errors = [], []
+    in_flight = AsyncSends()
     messages = spec["messages"]
     started = time.time()
     i = 0
@@ -57,6 +111,13 @@ def main() -> int:
                 i = j
                 continue
             msg = build(topic, m)
+            if mode == "async":
+                # its slot keeps the spec order; the callback fills it in
+                slot = {"seqs": [m["seq"]], "mode": mode, "status": None, "msg_id": None, "offset": None}
+                results.append(slot)
+                in_flight.start(producer, msg, m["seq"], slot)
+                i += 1
+                continue
             if mode == "sync":
                 res = producer.send_sync(msg)
             elif mode == "orderly":
@@ -72,8 +133,12 @@ def main() -> int:
         except Exception as exc:  # report, keep going: the test shows every failure
             errors.append({"seq": m["seq"], "mode": mode, "error": f"{type(exc).__name__}: {exc}"})
         i += 1
+    in_flight.wait(ASYNC_WAIT)
     elapsed = time.time() - started
     producer.shutdown()
+    # a failed async send is reported in errors only, like the other modes
+    results = [r for r in results if not r.pop("failed", False)]
+    errors.extend(in_flight.errors)
     emit({"pid": os.getpid(), "results": results, "errors": errors, "elapsed": elapsed})
     return 0
 
