@@ -102,11 +102,11 @@ def _producer(namesrv: str, seconds: float, threads: int, rate: float, out) -> N
     out.put((latencies, errors[0]))
 
 
-def run_python_producers(namesrv: str, processes: int, threads: int, seconds: float, rate: float = 0.0) -> dict:
+def _run_processes(target, args: tuple, processes: int, seconds: float) -> dict:
+    """Run ``target(*args, queue)`` in ``processes`` spawned processes; merge their latencies."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    per_proc_rate = rate / processes if rate else 0.0
-    procs = [ctx.Process(target=_producer, args=(namesrv, seconds, threads, per_proc_rate, q)) for _ in range(processes)]
+    procs = [ctx.Process(target=target, args=(*args, q)) for _ in range(processes)]
     for p in procs:
         p.start()
     lat, errors = [], 0
@@ -117,6 +117,11 @@ def run_python_producers(namesrv: str, processes: int, threads: int, seconds: fl
     for p in procs:
         p.join()
     return summarize(lat, seconds, errors)
+
+
+def run_python_producers(namesrv: str, processes: int, threads: int, seconds: float, rate: float = 0.0) -> dict:
+    return _run_processes(_producer, (namesrv, seconds, threads, rate / processes if rate else 0.0), processes,
+                          seconds)
 
 
 CPP_SCRIPT = r"""
@@ -196,20 +201,7 @@ def _pipelined(namesrv: str, broker_addr: str, seconds: float, connections: int,
 
 def run_pipelined(namesrv: str, broker_addr: str, processes: int, connections: int, window: int,
                   seconds: float) -> dict:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_pipelined, args=(namesrv, broker_addr, seconds, connections, window, q))
-             for _ in range(processes)]
-    for p in procs:
-        p.start()
-    lat, errors = [], 0
-    for _ in procs:
-        got, err = q.get()
-        lat += got
-        errors += err
-    for p in procs:
-        p.join()
-    return summarize(lat, seconds, errors)
+    return _run_processes(_pipelined, (namesrv, broker_addr, seconds, connections, window), processes, seconds)
 
 
 def summarize(lat: list[float], seconds: float, errors: int) -> dict:

@@ -6,6 +6,7 @@ from broker.server.launcher import (  # noqa: F401
     BrokerHandle,
     cluster,
     free_port,
+    live_group_pids,
     start_broker,
     start_namesrv,
     wait_port,

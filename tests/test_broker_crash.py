@@ -39,7 +39,7 @@ from broker.store.commitlog import CommitLog
 from broker.store.constants import ABORT_FILE
 from broker.store.index_file import LONG_MAX, IndexService
 from broker.store.verify import verify_store
-from tests.broker_harness import BrokerHandle, free_port, start_broker, start_namesrv
+from tests.broker_harness import BrokerHandle, free_port, live_group_pids, start_broker, start_namesrv
 
 SEED = 20240611
 SEGMENT = 1024 * 1024
@@ -142,20 +142,6 @@ class Producer(threading.Thread):
 # =====================================================================================================
 # process helpers
 # =====================================================================================================
-def live_group_pids(pgid: int) -> list[int]:
-    """Processes of a process group that have not exited yet (zombies have released everything)."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        fields_ = stat[stat.rindex(")") + 2:].split()
-        if int(fields_[2]) == pgid and fields_[0] != "Z":
-            pids.append(int(name))
-    return pids
 
 
 def kill_broker(broker: BrokerHandle) -> None:

@@ -51,7 +51,7 @@ from broker.store.commitlog import CommitLog
 from broker.store.constants import ABORT_FILE, COMPRESSED_FLAG
 from broker.store.message import MessageRecord, decode_record
 from broker.store.verify import verify_store
-from tests.broker_harness import BrokerHandle, start_broker, start_namesrv
+from tests.broker_harness import BrokerHandle, live_group_pids, start_broker, start_namesrv
 
 SEED = 0xF022
 SEGMENT = 8 * 1024 * 1024
@@ -382,19 +382,6 @@ def frame_with(header: bytes, body: bytes = b"", serialize_type: int = 0, total:
 # =====================================================================================================
 # broker fixture and process checks
 # =====================================================================================================
-def live_group_pids(pgid: int) -> list[int]:
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        fields_ = stat[stat.rindex(")") + 2:].split()
-        if int(fields_[2]) == pgid and fields_[0] != "Z":
-            pids.append(int(name))
-    return sorted(pids)
 
 
 @dataclass

@@ -17,6 +17,22 @@ REPO = Path(__file__).resolve().parents[2]
 ROCKETLAKE = [sys.executable, "-m", "broker.cli"]
 
 
+def live_group_pids(pgid: int) -> list[int]:
+    """Processes of a process group that have not exited yet (zombies have released everything)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        fields_ = stat[stat.rindex(")") + 2:].split()
+        if int(fields_[2]) == pgid and fields_[0] != "Z":
+            pids.append(int(name))
+    return sorted(pids)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -65,11 +81,7 @@ class BrokerHandle:
             pass
         self.proc.wait()
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.proc.pid, 0)
-            except ProcessLookupError:
-                return
+        while live_group_pids(self.proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
 
 
