@@ -39,3 +39,23 @@ RECORD_COLUMNS: list[tuple[str, pa.DataType, str]] = [
 
 RECORD_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in RECORD_COLUMNS])
 RECORD_FIELD_NAMES = [name for name, _, _ in RECORD_COLUMNS]
+
+
+# ---- the Delta ``messages`` table: the record columns plus lineage and derived columns ----------------
+LAKE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
+    ("born_time", pa.timestamp("us", tz="UTC"), "born_timestamp as a UTC timestamp"),
+    ("store_time", pa.timestamp("us", tz="UTC"), "store_timestamp as a UTC timestamp"),
+    ("broker_name", pa.string(), "broker the store belongs to (--store NAME=PATH)"),
+    ("store_date", pa.date32(), "UTC date of store_time (partition column)"),
+    ("segment_file", pa.string(), "commitlog file the record was read from"),
+    ("ingest_run_id", pa.string(), "ingest run that wrote the row"),
+    ("is_retry", pa.bool_(), "stored in a %RETRY%<group> topic"),
+    ("is_dlq", pa.bool_(), "stored in a %DLQ%<group> topic"),
+    ("consumer_group", pa.string(), "group of a %RETRY%/%DLQ% topic, else null"),
+    ("origin_msg_id", pa.string(), "ORIGIN_MESSAGE_ID (or 5.x DLQ_ORIGIN_MESSAGE_ID) of a retried message"),
+]
+
+MESSAGES_TABLE = "messages"
+MESSAGES_COLUMNS = RECORD_COLUMNS + LAKE_COLUMNS
+MESSAGES_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in MESSAGES_COLUMNS])
+MESSAGES_PARTITION_BY = ["broker_name", "store_date"]
