@@ -1,0 +1,229 @@
+"""The lake API: write and read Delta tables from Spark, with or without the Delta Spark jar.
+
+When the Delta Spark classes are on the driver's classpath, Spark's own ``delta`` format is used;
+otherwise :mod:`pipelines.delta_writer` (a Python Data Source on delta-rs) writes, and reads go
+through deltalake's list of the table's current files. Either way the result is a standard Delta
+table under ``<lake_dir>/<name>``.
+
+Exactly-once: pass ``app_id`` and ``app_version``; a write whose ``app_version`` is not greater than
+what the table already records for ``app_id`` is skipped (``WriteResult.skipped``), and a committed
+write records the pair atomically with its data (the Delta ``txn`` action).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Iterable
+
+import pyarrow as pa
+
+from pipelines import delta_writer
+
+DELTA_SPARK_CLASS = "io.delta.tables.DeltaTable"
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    path: str
+    engine: str                # "delta-spark" | "delta-rs"
+    committed: bool
+    skipped: bool              # app_id/app_version already recorded: nothing written
+    version: int | None        # table version after the write (None when unknown)
+    num_files: int | None
+    num_rows: int | None
+    reason: str | None = None
+
+
+def table_path(lake_dir: str | os.PathLike, name: str) -> str:
+    return os.path.join(os.path.abspath(os.fspath(lake_dir)), name)
+
+
+def delta_spark_available(spark) -> bool:
+    """True when the Delta Spark classes can be loaded by the driver JVM."""
+    try:
+        jvm = spark._jvm  # not there on Spark Connect
+        if jvm is None:
+            return False
+        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        jvm.java.lang.Class.forName(DELTA_SPARK_CLASS, False, loader)
+        return True
+    except Exception:
+        return False
+
+
+def table_exists(lake_dir: str | os.PathLike, name: str) -> bool:
+    from deltalake import DeltaTable
+    return DeltaTable.is_deltatable(table_path(lake_dir, name))
+
+
+def table_version(lake_dir: str | os.PathLike, name: str) -> int | None:
+    """Current version of the table, None when it does not exist."""
+    from deltalake import DeltaTable
+    path = table_path(lake_dir, name)
+    if not DeltaTable.is_deltatable(path):
+        return None
+    return DeltaTable(path).version()
+
+
+def app_version(lake_dir: str | os.PathLike, name: str, app_id: str) -> int | None:
+    """Highest ``app_version`` committed for ``app_id`` (the Delta ``txn`` action), None if none."""
+    return _recorded_app_version(lake_dir, name, app_id)
+
+
+def _recorded_app_version(lake_dir, name, app_id) -> int | None:
+    from deltalake import DeltaTable
+    path = table_path(lake_dir, name)
+    if not DeltaTable.is_deltatable(path):
+        return None
+    return DeltaTable(path).transaction_version(app_id)
+
+
+def write_table(df, lake_dir: str | os.PathLike, name: str, *, partition_by: Iterable[str] = (),
+                app_id: str | None = None, app_version: int | None = None,
+                schema: pa.Schema | None = None, mode: str = "append",
+                engine: str | None = None) -> WriteResult:
+    """Append ``df`` (or overwrite with ``mode="overwrite"``) to ``<lake_dir>/<name>`` in one commit.
+
+    ``schema``: Arrow schema of the table (column order, exact types); the rows are cast to it.
+    ``engine``: force "delta-spark" or "delta-rs" (default: delta-spark when its jar is loaded).
+    """
+    if (app_id is None) != (app_version is None):
+        raise ValueError("app_id and app_version go together")
+    if mode not in ("append", "overwrite"):
+        raise ValueError(f"mode must be 'append' or 'overwrite', not {mode!r}")
+    partition_by = list(partition_by)
+    path = table_path(lake_dir, name)
+    spark = df.sparkSession
+    if schema is not None:
+        missing = [n for n in schema.names if n not in df.columns]
+        if missing:
+            raise ValueError(f"DataFrame lacks table columns {missing}")
+        df = df.select(*schema.names)
+    if engine is None:
+        engine = "delta-spark" if delta_spark_available(spark) else "delta-rs"
+
+    # cheap early skip (the delta-rs commit checks again, atomically enough for one writer per appId)
+    if app_id is not None:
+        seen = _recorded_app_version(lake_dir, name, app_id)
+        if seen is not None and seen >= app_version:
+            return WriteResult(path, engine, committed=False, skipped=True,
+                               version=table_version(lake_dir, name), num_files=0, num_rows=0,
+                               reason=f"appId {app_id!r} already at version {seen} >= {app_version}")
+
+    if engine == "delta-spark":
+        return _write_delta_spark(df, path, partition_by, app_id, app_version, schema, mode)
+    if engine != "delta-rs":
+        raise ValueError(f"unknown engine {engine!r}")
+    return _write_delta_rs(df, path, partition_by, app_id, app_version, schema, mode)
+
+
+def _write_delta_rs(df, path, partition_by, app_id, app_ver, schema, mode) -> WriteResult:
+    delta_writer.register(df.sparkSession)
+    os.makedirs(path, exist_ok=True)
+    fd, result_file = tempfile.mkstemp(prefix="rocketlake-delta-", suffix=".json")
+    os.close(fd)
+    os.remove(result_file)
+    try:
+        writer = (df.write.format(delta_writer.FORMAT_NAME).mode(mode)
+                  .option("partitionBy", json.dumps(partition_by))
+                  .option("resultFile", result_file))
+        if schema is not None:
+            writer = writer.option("arrowSchema", delta_writer.encode_schema(schema))
+        if app_id is not None:
+            writer = writer.option("appId", app_id).option("appVersion", str(int(app_ver)))
+        writer.save(path)
+        with open(result_file, encoding="utf-8") as fh:
+            result = json.load(fh)
+    finally:
+        if os.path.exists(result_file):
+            os.remove(result_file)
+    return WriteResult(path, "delta-rs", committed=result["committed"], skipped=result["skipped"],
+                       version=result.get("version"), num_files=result.get("num_files"),
+                       num_rows=result.get("num_rows"), reason=result.get("reason"))
+
+
+def _write_delta_spark(df, path, partition_by, app_id, app_ver, schema, mode) -> WriteResult:
+    writer = df.write.format("delta").mode(mode)
+    if partition_by:
+        writer = writer.partitionBy(*partition_by)
+    if app_id is not None:
+        writer = writer.option("txnAppId", app_id).option("txnVersion", str(int(app_ver)))
+    before = _version_or_none(path)
+    writer.save(path)
+    after = _version_or_none(path)
+    committed = after is not None and after != before
+    return WriteResult(path, "delta-spark", committed=committed, skipped=not committed,
+                       version=after, num_files=None, num_rows=None,
+                       reason=None if committed else "Delta Spark skipped the write (txnAppId)")
+
+
+def _version_or_none(path: str) -> int | None:
+    from deltalake import DeltaTable
+    return DeltaTable(path).version() if DeltaTable.is_deltatable(path) else None
+
+
+def read_table(spark, lake_dir: str | os.PathLike, name: str, *, engine: str | None = None):
+    """The table's current snapshot as a Spark DataFrame (columns in table order)."""
+    path = table_path(lake_dir, name)
+    if engine is None:
+        engine = "delta-spark" if delta_spark_available(spark) else "delta-rs"
+    if engine == "delta-spark":
+        return spark.read.format("delta").load(path)
+    from deltalake import DeltaTable
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    dt = DeltaTable(path)
+    arrow_schema = pa.schema(dt.schema().to_arrow())
+    spark_schema = from_arrow_schema(arrow_schema)
+    if _has_deletion_vectors(dt):
+        # rare for our own tables: let delta-rs apply them and hand over the rows
+        return spark.createDataFrame(pa.table(dt.to_pyarrow_table()).cast(arrow_schema),
+                                     schema=spark_schema)
+    files = dt.file_uris()
+    if not files:
+        return spark.createDataFrame([], spark_schema)
+    partition_cols = dt.metadata().partition_columns
+    if not partition_cols:
+        return spark.read.schema(spark_schema).parquet(*files).select(*arrow_schema.names)
+    from urllib.parse import unquote
+
+    root = os.fspath(dt.table_uri).removeprefix("file://").rstrip("/")
+    by_values: dict[tuple, list[str]] = {}
+    hive_layout = True
+    for add in pa.table(dt.get_add_actions(flatten=False)).to_pylist():
+        values = add.get("partition") or {}
+        key = tuple(delta_writer.partition_value_string(values.get(c)) for c in partition_cols)
+        rel = unquote(add["path"])
+        by_values.setdefault(key, []).append(f"{root}/{rel}")
+        if os.path.dirname(rel) != delta_writer.partition_dir(partition_cols, list(key)):
+            hive_layout = False
+    if hive_layout:
+        # every file sits in its col=value directory (this writer, delta-rs, Delta Spark without
+        # column mapping): one scan, Spark's partition discovery under basePath yields the values
+        return (spark.read.schema(spark_schema).option("basePath", root)
+                .parquet(*[f for paths in by_values.values() for f in paths])
+                .select(*arrow_schema.names))
+    # otherwise: one scan per partition-value tuple, values from the Delta log as typed literals
+    from pyspark.sql import functions as F
+
+    data_schema = from_arrow_schema(pa.schema([f for f in arrow_schema
+                                               if f.name not in partition_cols]))
+    frames = []
+    for key, paths in by_values.items():
+        frame = spark.read.schema(data_schema).parquet(*paths)
+        for col, value in zip(partition_cols, key):
+            typ = spark_schema[col].dataType
+            frame = frame.withColumn(col, F.lit(value).cast(typ))
+        frames.append(frame.select(*arrow_schema.names))
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.unionByName(frame)
+    return out
+
+
+def _has_deletion_vectors(dt) -> bool:
+    protocol = dt.protocol()
+    return "deletionVectors" in (protocol.reader_features or [])
