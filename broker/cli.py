@@ -250,6 +250,18 @@ def cmd_broker_start(args: argparse.Namespace) -> int:
         return EXIT_FINDINGS
 
 
+# ---- ingest ------------------------------------------------------------------------------------------
+def cmd_ingest(args: argparse.Namespace, extra: list[str]) -> int:
+    """Same as ``spark-submit jobs/ingest_commitlog.py``, with a local Spark session."""
+    import importlib.util
+
+    job = Path(__file__).resolve().parents[1] / "jobs" / "ingest_commitlog.py"
+    spec = importlib.util.spec_from_file_location("ingest_commitlog", job)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(extra)
+
+
 # ---- parser ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rocketlake", description="Batch analytics and replay over Apache RocketMQ broker stores.")
@@ -339,12 +351,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flush-disk-type", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], default=None)
     p.add_argument("--processes", type=_positive, default=None, help="network processes (default: cores)")
     p.set_defaults(func=cmd_broker_start)
+
+    p = sub.add_parser("ingest", help="ingest broker stores into Delta tables (same as the spark-submit job)",
+                       description="Runs jobs/ingest_commitlog.py in-process; its options: --store [NAME=]PATH ... "
+                                   "--lake LAKE_DIR [--split-bytes N] [--until-offset N] [--master M]",
+                       add_help=False)
+    p.set_defaults(func=cmd_ingest, passthrough=True)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "passthrough", False):
+        return args.func(args, extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     try:
