@@ -30,6 +30,9 @@ demo: venv java-check
 	$(BIN)/rocketlake store verify $(DEMO_DIR)/broker-store --message-delay-level "$(DEMO_DELAY_LEVELS)"
 	$(BIN)/rocketlake store queues $(DEMO_DIR)/broker-store --topic Orders
 	$(BIN)/rocketlake store messages $(DEMO_DIR)/broker-store --topic %DLQ%demo-fails --limit 3 --format table
+	SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON=$(CURDIR)/$(BIN)/python $(BIN)/spark-submit --master 'local[2]' \
+		--conf spark.ui.showConsoleProgress=false jobs/ingest_commitlog.py \
+		--store broker-a=$(DEMO_DIR)/broker-store --lake $(DEMO_DIR)/lake 2>$(DEMO_DIR)/ingest.log | grep '^ingest'
 	$(BIN)/rocketlake store generate $(DEMO_DIR)/store --messages 20000 --topics 4 --queues 4 --seed 7 --segment-bytes 4M --index-slots 5000
 	$(BIN)/rocketlake store verify $(DEMO_DIR)/store
 	$(BIN)/rocketlake store queues $(DEMO_DIR)/store
