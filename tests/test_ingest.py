@@ -83,3 +83,22 @@ def test_corrupt_store_keeps_intact_records(spark, golden_store, golden_records,
     found = _rows(lake, "corrupt_records").to_pylist()
     assert sorted((r["offset"], r["reason"].split(":")[0]) for r in found) == sorted([
         (victim["phyOffset"], "bad_magic"), (golden_records[200]["phyOffset"], "crc_mismatch")])
+
+
+def test_tables_read_the_same_with_spark_deltalake_and_duckdb(spark, lake):
+    from pipelines.duckdb_delta import connect
+    from pipelines.lake import read_table
+
+    cols = ["commitlog_offset", "topic", "queue_id", "queue_offset", "store_timestamp", "tags", "uniq_key", "body"]
+    via_delta = _rows(lake, "messages").select(cols).sort_by("commitlog_offset").to_pylist()
+    via_spark = [r.asDict() for r in read_table(spark, str(lake), "messages").select(*cols)
+                 .orderBy("commitlog_offset").collect()]
+    con = connect()
+    via_duckdb = con.execute(f"SELECT {', '.join(cols)} FROM delta_scan('{lake / 'messages'}') "
+                             "ORDER BY commitlog_offset").arrow()
+    via_duckdb = via_duckdb.to_pylist() if hasattr(via_duckdb, "to_pylist") else via_duckdb.read_all().to_pylist()
+    assert len(via_delta) == 2001
+    assert via_spark == via_delta
+    assert via_duckdb == via_delta
+    counts = con.execute(f"SELECT count(*) FROM delta_scan('{lake / 'consume_queue'}')").fetchone()[0]
+    assert counts == _rows(lake, "consume_queue").num_rows == 1986
