@@ -158,7 +158,13 @@ def scan_records(buf, seg_base: int, seg_size: int, start: int = 0, end: int | N
             result.end_of_data = True
             pos = seg_size
             break
-        # The chain is broken at ``pos``: classify, then resynchronise.
+        # The chain is broken at ``pos``. Zeros from here to the end of the file are the normal end
+        # of a pre-sized segment: one vectorised check, instead of searching a GiB of zeros.
+        if size == 0 and magic == 0 and not np.frombuffer(buf, np.uint8, data_len - pos, pos).any():
+            result.end_of_data = True
+            pos = data_len
+            break
+        # Otherwise classify, then resynchronise.
         nxt = find_record_start(buf, pos + 1, data_len, seg_base, seg_size)
         if nxt is None:
             tail_end = last_nonzero(buf, pos, data_len)

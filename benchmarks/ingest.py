@@ -1,0 +1,544 @@
+"""End-to-end ingest speed (store → Delta lake with Spark) next to the raw read, decode-only and broker-consumer speeds of the same store, same run.
+
+    .venv/bin/python benchmarks/ingest.py [--sizes-gib 1 [4 16 ...]] [--broker-max-gib 1] [--split-bytes N]
+
+For each size, generates (once; reused while the arguments match, see ``bench-spec.json``) a store
+of about that many GiB of commitlog with ~1 KiB bodies under ``build/bench/ingest-<size>g``, then
+measures on it:
+
+1. raw read: ``readinto`` of the data part of every commitlog file in 8 MiB blocks, cold (pages
+   dropped with ``posix_fadvise(DONTNEED)``) and warm;
+2. decode only: :func:`broker.store.columnar.iter_decode` over every segment in this process
+   (one core, warm page cache), all columns and body CRCs;
+3. ingest end to end: ``spark-submit --master local[2] jobs/ingest_commitlog.py --store
+   broker-a=STORE --lake <fresh lake>`` as a subprocess with the store's pages dropped first (cold);
+   wall time including JVM start, the job's own time, and the peak RSS of the whole process tree
+   (JVM + Python driver + Python workers) sampled every 0.5 s from /proc;
+4. the broker path, on the smallest size only: a name server and a broker started on the store,
+   and one PullConsumer pulling every message of every ``demo-topic-*`` queue (round robin, 32 per
+   pull) and appending them to a Delta table with ``deltalake.write_deltalake`` in batches — at
+   most ``--broker-max-gib`` GiB of commitlog (it is slow).
+
+MB/s are commitlog bytes (10^6) per second. Goals: ingest >= 150 MB/s end to end and >= 10x the
+broker path; with several sizes, seconds per GiB should stay flat (linear time) and so should the
+peak memory. Sizes that do not fit in the free disk space are skipped with a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import mmap
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from broker.store.columnar import DecodeStats, iter_decode  # noqa: E402
+from broker.store.commitlog import CommitLog  # noqa: E402
+from broker.store.consume_queue import list_queues  # noqa: E402
+from broker.store.generate import BROKER_NAME, TOPIC_PREFIX, GenerateSpec, generate_store  # noqa: E402
+
+log = logging.getLogger("benchmarks.ingest")
+GIB = 1 << 30
+AVG_RECORD_BYTES = 1233  # measured mean stored record size of a generated store with 1 KiB bodies
+SEGMENT_BYTES = GIB
+INDEX_SLOTS = 500_000
+INDEX_ENTRIES = 2_000_000
+GOAL_MBPS = 150.0
+GOAL_RATIO = 10.0
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def say(msg: str) -> None:
+    """Progress (not figures) on stderr."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def venv_python() -> str:
+    py = REPO / ".venv" / "bin" / "python"
+    return str(py) if py.exists() else sys.executable
+
+
+def size_label(gib: float) -> str:
+    return f"{gib:g}"
+
+
+# ---- store -----------------------------------------------------------------------------------------
+
+def ensure_store(store: Path, gib: float, body_bytes: int) -> Path:
+    spec_file = store / "bench-spec.json"
+    messages = max(1000, int(gib * GIB * 0.99 / AVG_RECORD_BYTES))  # stays inside ceil(gib) segments
+    want = {"gib": gib, "body_bytes": body_bytes, "messages": messages, "segment_bytes": SEGMENT_BYTES,
+            "index_slots": INDEX_SLOTS, "index_entries": INDEX_ENTRIES}
+    if spec_file.exists() and json.loads(spec_file.read_text()) == want:
+        say(f"reusing {store} ({messages} messages)")
+        return store
+    if store.exists():
+        shutil.rmtree(store)
+    say(f"generating {messages} messages (~{gib:g} GiB of commitlog, ~{body_bytes} B bodies) into {store} …")
+    t0 = time.perf_counter()
+    step = max(1, messages // 10)
+    last = [0]
+
+    def progress(written: int, total: int) -> None:
+        if written - last[0] >= step:
+            last[0] = written
+            say(f"  {written}/{total} messages ({time.perf_counter() - t0:.0f} s)")
+
+    result = generate_store(store, GenerateSpec(messages=messages, body_bytes=body_bytes, segment_bytes=SEGMENT_BYTES,
+                                                index_slots=INDEX_SLOTS, index_entries=INDEX_ENTRIES), progress)
+    say(f"generated {result.bytes / 1e6:.0f} MB in {time.perf_counter() - t0:.0f} s")
+    spec_file.write_text(json.dumps(want))
+    return store
+
+
+def drop_cache(root: Path) -> None:
+    """Drop every file of ``root`` (a store) from the page cache."""
+    for path in [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def segment_extents(cl: CommitLog, data_end: int) -> list[tuple[Path, int, int]]:
+    """(path, segment base, bytes holding data) of every segment with data."""
+    out = []
+    for seg in cl.segments:
+        n = min(seg.path.stat().st_size, cl.segment_size, data_end - seg.base)
+        if n > 0:
+            out.append((seg.path, seg.base, n))
+    return out
+
+
+def raw_read(extents: list[tuple[Path, int, int]]) -> tuple[float, int]:
+    buf = bytearray(8 << 20)
+    view = memoryview(buf)
+    total = 0
+    t0 = time.perf_counter()
+    for path, _, length in extents:
+        with open(path, "rb", buffering=0) as fh:
+            left = length
+            while left > 0:
+                got = fh.readinto(view[:min(left, len(view))])
+                if not got:
+                    break
+                left -= got
+                total += got
+    return time.perf_counter() - t0, total
+
+
+def decode_all(cl: CommitLog, extents: list[tuple[Path, int, int]]) -> tuple[float, int, int, int]:
+    """(seconds, records, bytes decoded, findings) of iter_decode over every segment, one process.
+
+    Each segment is decoded up to the end of its data, as the ingest does (``untilOffset``): an
+    unbounded decode of the last, preallocated segment also walks its zero-filled tail.
+    """
+    records = decoded = findings = 0
+    t0 = time.perf_counter()
+    for path, base, length in extents:
+        stats = DecodeStats()
+        with open(path, "rb") as fh:
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                for batch in iter_decode(mm, base, cl.segment_size, 0, length, file_name=str(path), stats=stats):
+                    del batch
+            finally:
+                mm.close()
+        records += stats.records
+        decoded += stats.bytes_decoded
+        findings += len(stats.findings)
+    return time.perf_counter() - t0, records, decoded, findings
+
+
+# ---- memory of a process tree -------------------------------------------------------------------
+
+def tree_rss(root: int) -> tuple[int, int]:
+    """(bytes of RSS, process count) of ``root`` and all its live descendants."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        rest = stat[stat.rindex(")") + 2:].split()
+        if rest[0] != "Z":
+            children.setdefault(int(rest[1]), []).append(int(name))
+    total = count = 0
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+            count += 1
+        except (OSError, IndexError, ValueError):
+            continue
+        todo += children.get(pid, [])
+    return total, count
+
+
+class PeakRss(threading.Thread):
+    """Samples :func:`tree_rss` of ``root`` every ``interval`` seconds; ``peak`` is the max seen."""
+
+    def __init__(self, root: int, interval: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.root, self.interval = root, interval
+        self.peak = self.peak_procs = 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            rss, procs = tree_rss(self.root)
+            self.peak = max(self.peak, rss)
+            self.peak_procs = max(self.peak_procs, procs)
+            if self._stop_event.wait(self.interval):
+                return
+
+    def stop(self) -> int:
+        self._stop_event.set()
+        self.join()
+        return self.peak
+
+
+# ---- ingest with Spark --------------------------------------------------------------------------------
+
+@dataclass
+class IngestResult:
+    seconds: float
+    job_seconds: float | None
+    rows: dict[str, int] = field(default_factory=dict)
+    peak_rss: int = 0
+    peak_procs: int = 0
+
+
+def run_ingest(store: Path, lake: Path, workdir: Path, split_bytes: int | None) -> IngestResult:
+    py = venv_python()
+    spark_submit = Path(py).parent / "spark-submit"
+    cmd = [str(spark_submit) if spark_submit.exists() else "spark-submit", "--master", "local[2]",
+           "--conf", "spark.ui.showConsoleProgress=false",
+           str(REPO / "jobs" / "ingest_commitlog.py"), "--store", f"{BROKER_NAME}={store}", "--lake", str(lake)]
+    if split_bytes:
+        cmd += ["--split-bytes", str(split_bytes)]
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=py, PYSPARK_DRIVER_PYTHON=py)
+    err_path = workdir / "ingest.log"
+    with open(err_path, "w") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
+                                start_new_session=True)
+        sampler = PeakRss(proc.pid)
+        sampler.start()
+        try:
+            out, _ = proc.communicate()
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        finally:
+            seconds = time.perf_counter() - t0
+            sampler.stop()
+    if proc.returncode != 0:
+        tail = err_path.read_text(errors="replace").splitlines()[-30:]
+        raise RuntimeError(f"spark-submit exited with {proc.returncode}; last lines of {err_path}:\n" + "\n".join(tail))
+    result = IngestResult(seconds, None, peak_rss=sampler.peak, peak_procs=sampler.peak_procs)
+    for line in out.splitlines():
+        if line.startswith("ingest "):
+            say(line)
+            result.rows.update({k: int(v) for k, v in re.findall(r"(\w+) \+(\d+)", line)})
+            m = re.search(r" in ([0-9.]+) s \(", line)
+            if m:
+                result.job_seconds = float(m.group(1))
+    return result
+
+
+# ---- the broker path ------------------------------------------------------------------------------
+
+@dataclass
+class BrokerResult:
+    seconds: float
+    startup_seconds: float
+    messages: int
+    bytes: int
+    queues: int
+    peak_rss: int
+
+
+def run_broker_path(store: Path, lake: Path, workdir: Path, max_bytes: int, batch_rows: int) -> BrokerResult:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from broker.client.consumer import PullConsumer, PullStatus
+    from broker.server.launcher import start_broker, start_namesrv
+
+    schema = pa.schema([("commitlog_offset", pa.int64()), ("topic", pa.string()), ("queue_id", pa.int32()),
+                        ("queue_offset", pa.int64()), ("body", pa.binary()),
+                        ("store_timestamp", pa.timestamp("ms", tz="UTC"))])
+    local = [(t, q) for t, q in list_queues(store) if t.startswith(TOPIC_PREFIX)]
+    t_start = time.perf_counter()
+    ns_proc, ns_addr = start_namesrv(workdir)
+    broker = None
+    try:
+        config = {"brokerName": BROKER_NAME, "mappedFileSizeCommitLog": SEGMENT_BYTES,
+                  "maxHashSlotNum": INDEX_SLOTS, "maxIndexNum": INDEX_ENTRIES}
+        broker = start_broker(store, ns_addr, config)
+        with PullConsumer("bench-ingest-reader", ns_addr, timeout=30.0) as consumer:
+            queues = []
+            for topic in sorted({t for t, _ in local}):
+                ids = {q for t, q in local if t == topic}
+                deadline = time.monotonic() + 60
+                while True:  # the broker registers its topics with the name server shortly after listening
+                    try:
+                        found = [mq for mq in consumer.queues(topic) if mq.queue_id in ids]
+                    except Exception:
+                        found = []
+                    if found or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.5)
+                if not found:
+                    raise RuntimeError(f"no route for {topic} after 60 s (see {broker.log})")
+                queues += found
+            startup = time.perf_counter() - t_start
+            say(f"broker up in {startup:.1f} s; pulling {len(queues)} queues of {TOPIC_PREFIX}* "
+                f"(at most {max_bytes / GIB:g} GiB) …")
+            drop_cache(store)
+            sampler = PeakRss(os.getpid())
+            sampler.start()
+            cols: dict[str, list] = {name: [] for name in schema.names}
+            messages = pulled = 0
+
+            def flush() -> None:
+                if cols["commitlog_offset"]:
+                    write_deltalake(str(lake), pa.table(cols, schema=schema), mode="append")
+                    for v in cols.values():
+                        v.clear()
+
+            t0 = time.perf_counter()
+            offsets = {mq: 0 for mq in queues}
+            active = list(queues)
+            next_report = time.monotonic() + 15
+            while active and pulled < max_bytes:
+                for mq in list(active):
+                    res = consumer.pull(mq, offsets[mq], 32)
+                    if res.status is PullStatus.FOUND and res.messages:
+                        for m in res.messages:
+                            cols["commitlog_offset"].append(m.physical_offset)
+                            cols["topic"].append(m.topic)
+                            cols["queue_id"].append(m.queue_id)
+                            cols["queue_offset"].append(m.queue_offset)
+                            cols["body"].append(m.payload)
+                            cols["store_timestamp"].append(m.store_timestamp)
+                            pulled += m.total_size
+                        messages += len(res.messages)
+                    if res.next_begin_offset > offsets[mq]:
+                        offsets[mq] = res.next_begin_offset
+                    elif res.status is not PullStatus.FOUND:
+                        active.remove(mq)  # no new message: this queue is drained
+                    if len(cols["commitlog_offset"]) >= batch_rows:
+                        flush()
+                    if pulled >= max_bytes:
+                        break
+                if time.monotonic() > next_report:
+                    next_report += 15
+                    el = time.perf_counter() - t0
+                    say(f"  broker path: {messages} messages, {pulled / 1e6:.0f} MB in {el:.0f} s "
+                        f"({pulled / 1e6 / el:.1f} MB/s)")
+            flush()
+            seconds = time.perf_counter() - t0
+            peak = sampler.stop()
+        return BrokerResult(seconds, startup, messages, pulled, len(queues), peak)
+    finally:
+        if broker is not None:
+            code = broker.stop()
+            if code not in (0, -signal.SIGTERM):
+                say(f"broker exited with {code} (log: {broker.log})")
+            cfg = store.parent / f"broker-{broker.port}.toml"
+            cfg.unlink(missing_ok=True)
+            if code in (0, -signal.SIGTERM):
+                broker.log.unlink(missing_ok=True)
+        ns_proc.send_signal(signal.SIGTERM)
+        try:
+            ns_proc.wait(10)
+        except subprocess.TimeoutExpired:
+            ns_proc.kill()
+            ns_proc.wait()
+
+
+# ---- one size ------------------------------------------------------------------------------------------
+
+@dataclass
+class SizeResult:
+    gib: float
+    data_bytes: int
+    records: int
+    raw_cold: float
+    raw_warm: float
+    decode_mbps: float
+    decode_mps: float
+    ingest: IngestResult
+    broker: BrokerResult | None = None
+
+    @property
+    def ingest_mbps(self) -> float:
+        return self.data_bytes / 1e6 / self.ingest.seconds
+
+    @property
+    def ingest_mps(self) -> float:
+        return self.ingest.rows.get("messages", self.records) / self.ingest.seconds
+
+
+def needed_bytes(store: Path, gib: float, with_broker: float) -> int:
+    """Rough free space one size needs: the store (unless already there), the lake, the broker lake."""
+    store_ready = (store / "bench-spec.json").exists()
+    return int(((0 if store_ready else 1.15 * gib) + 1.0 * gib + with_broker + 0.5) * GIB)
+
+
+def mb(n: float) -> str:
+    return f"{n / 1e6:,.0f}"
+
+
+def measure_size(gib: float, args: argparse.Namespace, with_broker: bool) -> SizeResult:
+    store = ensure_store(args.root / f"ingest-{size_label(gib)}g", gib, args.body_bytes)
+    cl = CommitLog.open(store)
+    data_start = cl.min_offset
+    data_end = cl.data_end()
+    data_bytes = data_end - data_start
+    extents = segment_extents(cl, data_end)
+    say(f"store {store}: {len(cl.segments)} segment(s), {mb(data_bytes)} MB of commitlog")
+
+    drop_cache(store)
+    cold_s, read_bytes = raw_read(extents)
+    warm_s, _ = raw_read(extents)
+    raw_cold, raw_warm = read_bytes / 1e6 / cold_s, read_bytes / 1e6 / warm_s
+    say(f"raw read cold {raw_cold:.0f} MB/s, warm {raw_warm:.0f} MB/s")
+
+    dec_s, records, decoded, findings = decode_all(cl, extents)
+    say(f"decode only {decoded / 1e6 / dec_s:.0f} MB/s ({records / dec_s:,.0f} messages/s), {findings} findings")
+
+    workdir = Path(tempfile.mkdtemp(prefix=f"ingest-{size_label(gib)}g-", dir=args.root))
+    try:
+        drop_cache(store)
+        say("spark-submit jobs/ingest_commitlog.py (cold page cache) …")
+        ing = run_ingest(store, workdir / "lake", workdir, args.split_bytes)
+        say(f"ingest {ing.seconds:.1f} s wall, peak RSS {ing.peak_rss / 2**20:.0f} MiB")
+        if ing.rows.get("messages") not in (None, records):
+            say(f"WARNING: messages table got {ing.rows.get('messages')} rows, decode saw {records} records")
+        shutil.rmtree(workdir / "lake", ignore_errors=True)
+        result = SizeResult(gib, data_bytes, records, raw_cold, raw_warm, decoded / 1e6 / dec_s, records / dec_s, ing)
+        if with_broker:
+            result.broker = run_broker_path(store, workdir / "broker-lake", workdir,
+                                            int(args.broker_max_gib * GIB), args.batch_rows)
+            b = result.broker
+            say(f"broker path {b.bytes / 1e6 / b.seconds:.1f} MB/s ({b.messages / b.seconds:,.0f} messages/s)")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if args.remove_stores:
+        shutil.rmtree(store, ignore_errors=True)
+    return result
+
+
+def print_size(r: SizeResult) -> None:
+    ing = r.ingest
+    print(f"== {r.gib:g} GiB store: {mb(r.data_bytes)} MB of commitlog, {r.records:,} messages")
+    print(f"raw read      cold {r.raw_cold:8.0f} MB/s   warm {r.raw_warm:8.0f} MB/s")
+    print(f"decode only        {r.decode_mbps:8.0f} MB/s   ({r.decode_mps:,.0f} messages/s, one process, warm)")
+    job = f", job itself {ing.job_seconds:.1f} s" if ing.job_seconds else ""
+    print(f"ingest e2e         {r.ingest_mbps:8.1f} MB/s   ({r.ingest_mps:,.0f} messages/s; "
+          f"{ing.seconds:.1f} s wall incl. JVM start{job}; cold)")
+    if ing.job_seconds:
+        print(f"ingest, job time   {r.data_bytes / 1e6 / ing.job_seconds:8.1f} MB/s   (without spark-submit/JVM start-up)")
+    print(f"ingest rows        " + ", ".join(f"{k} {v:,}" for k, v in ing.rows.items()))
+    print(f"ingest peak RSS    {ing.peak_rss / 2**20:8.0f} MiB  (process tree: JVM + Python driver/workers, "
+          f"up to {ing.peak_procs} processes)")
+    if r.broker:
+        b = r.broker
+        print(f"broker path        {b.bytes / 1e6 / b.seconds:8.1f} MB/s   ({b.messages / b.seconds:,.0f} messages/s; "
+              f"{b.messages:,} messages, {mb(b.bytes)} MB from {b.queues} queues in {b.seconds:.1f} s; "
+              f"broker start {b.startup_seconds:.1f} s not counted; peak RSS {b.peak_rss / 2**20:.0f} MiB)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 2)[2])
+    ap.add_argument("--sizes-gib", type=float, nargs="+", default=[1.0], metavar="GIB",
+                    help="store sizes in GiB of commitlog (default: 1), e.g. --sizes-gib 1 4 16")
+    ap.add_argument("--broker-max-gib", type=float, default=1.0,
+                    help="GiB of commitlog the broker path pulls at most, on the smallest size (default 1; 0 skips it)")
+    ap.add_argument("--body-bytes", type=int, default=1024)
+    ap.add_argument("--split-bytes", type=int, default=None, help="passed to the ingest job (default: the job's)")
+    ap.add_argument("--batch-rows", type=int, default=50_000, help="rows per Delta append on the broker path")
+    ap.add_argument("--root", type=Path, default=REPO / "build" / "bench",
+                    help="where stores ingest-<size>g and temporary lakes go (default build/bench)")
+    ap.add_argument("--remove-stores", action="store_true", help="delete each generated store after measuring it")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    if any(g <= 0 for g in args.sizes_gib):
+        ap.error("--sizes-gib must be > 0")
+    args.root = args.root.resolve()
+    args.root.mkdir(parents=True, exist_ok=True)
+    sizes = sorted(set(args.sizes_gib))
+
+    results: list[SizeResult] = []
+    skipped: list[str] = []
+    for i, gib in enumerate(sizes):
+        with_broker = i == 0 and args.broker_max_gib > 0
+        store = args.root / f"ingest-{size_label(gib)}g"
+        need = needed_bytes(store, gib, min(args.broker_max_gib, gib) if with_broker else 0.0)
+        free = shutil.disk_usage(args.root).free
+        if need > free:
+            msg = (f"skipping {gib:g} GiB: needs about {need / GIB:.1f} GiB free (store + lake), "
+                   f"only {free / GIB:.1f} GiB free under {args.root}")
+            say(msg)
+            skipped.append(msg)
+            continue
+        r = measure_size(gib, args, with_broker)
+        results.append(r)
+        print_size(r)
+        sys.stdout.flush()
+
+    if not results:
+        print("nothing measured: " + "; ".join(skipped))
+        return 1
+    print("== summary")
+    ref = results[-1]
+    print(f"ingest end to end  {ref.ingest_mbps:8.1f} MB/s   {ref.ingest_mps:,.0f} messages/s   "
+          f"({ref.gib:g} GiB store; goal {GOAL_MBPS:.0f} MB/s: "
+          f"{'met' if ref.ingest_mbps >= GOAL_MBPS else 'NOT met'}, {ref.ingest_mbps / GOAL_MBPS:.0%} of it)")
+    print(f"decode only        {ref.decode_mbps:8.0f} MB/s   {ref.decode_mps:,.0f} messages/s (one process)")
+    print(f"raw read           {ref.raw_cold:8.0f} MB/s cold, {ref.raw_warm:.0f} MB/s warm")
+    print(f"peak memory        {ref.ingest.peak_rss / 2**20:8.0f} MiB (ingest process tree)")
+    with_b = next((r for r in results if r.broker), None)
+    if with_b:
+        b = with_b.broker
+        b_mbps = b.bytes / 1e6 / b.seconds
+        ratio = with_b.ingest_mbps / b_mbps if b_mbps else float("inf")
+        print(f"ingest / broker path  {ratio:8.1f}x   ({with_b.ingest_mbps:.1f} vs {b_mbps:.1f} MB/s on the "
+              f"{with_b.gib:g} GiB store; goal >= {GOAL_RATIO:.0f}x: {'met' if ratio >= GOAL_RATIO else 'NOT met'})")
+    if len(results) > 1:
+        print("size      s/GiB (ingest wall)   s/GiB (job)   peak RSS MiB")
+        for r in results:
+            gib_data = r.data_bytes / GIB
+            job = f"{r.ingest.job_seconds / gib_data:11.1f}" if r.ingest.job_seconds else f"{'-':>11}"
+            print(f"{r.gib:5g} GiB  {r.ingest.seconds / gib_data:18.1f}   {job}   {r.ingest.peak_rss / 2**20:12.0f}")
+    for msg in skipped:
+        print(msg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
