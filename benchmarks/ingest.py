@@ -461,7 +461,7 @@ def print_size(r: SizeResult) -> None:
           f"{ing.seconds:.1f} s wall incl. JVM start{job}; cold)")
     if ing.job_seconds:
         print(f"ingest, job time   {r.data_bytes / 1e6 / ing.job_seconds:8.1f} MB/s   (without spark-submit/JVM start-up)")
-    print(f"ingest rows        " + ", ".join(f"{k} {v:,}" for k, v in ing.rows.items()))
+    print("ingest rows        " + ", ".join(f"{k} {v:,}" for k, v in ing.rows.items()))
     print(f"ingest peak RSS    {ing.peak_rss / 2**20:8.0f} MiB  (process tree: JVM + Python driver/workers, "
           f"up to {ing.peak_procs} processes)")
     if r.broker:
