@@ -82,6 +82,7 @@ class RunSummary:
     rows: dict[str, int] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    table_seconds: dict[str, float] = field(default_factory=dict)
     status: str = "SUCCEEDED"
 
     def line(self) -> str:
@@ -152,7 +153,12 @@ def ingest_store(spark, spec: StoreSpec, lake: str, *, split_bytes: int = DEFAUL
         if stop <= marks[name]:
             summary.skipped.append(name)
             return
+        t0 = time.monotonic()
         result = write_table(df, lake, name, app_id=app_id, app_version=stop, **kwargs)
+        summary.table_seconds[name] = time.monotonic() - t0
+        log.info("ingest %s: %s %s in %.1f s", spec.name, name,
+                 "skipped (already committed)" if result.skipped else f"+{result.num_rows} rows",
+                 summary.table_seconds[name])
         if result.skipped:
             summary.skipped.append(name)
         else:
