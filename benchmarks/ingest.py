@@ -169,17 +169,12 @@ def decode_all(cl: CommitLog, extents: list[tuple[Path, int, int]]) -> tuple[flo
 
 def tree_rss(root: int) -> tuple[int, int]:
     """(bytes of RSS, process count) of ``root`` and all its live descendants."""
+    from broker.server.launcher import iter_proc_stats
+
     children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        rest = stat[stat.rindex(")") + 2:].split()
-        if rest[0] != "Z":
-            children.setdefault(int(rest[1]), []).append(int(name))
+    for pid, state, ppid, _ in iter_proc_stats():
+        if state != "Z":
+            children.setdefault(ppid, []).append(pid)
     total = count = 0
     todo = [root]
     while todo:

@@ -17,9 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 ROCKETLAKE = [sys.executable, "-m", "broker.cli"]
 
 
-def live_group_pids(pgid: int) -> list[int]:
-    """Processes of a process group that have not exited yet (zombies have released everything)."""
-    pids = []
+def iter_proc_stats():
+    """``(pid, state, ppid, pgid)`` of every process in /proc (ones that vanish meanwhile are skipped)."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -28,9 +27,12 @@ def live_group_pids(pgid: int) -> list[int]:
         except OSError:
             continue
         fields_ = stat[stat.rindex(")") + 2:].split()
-        if int(fields_[2]) == pgid and fields_[0] != "Z":
-            pids.append(int(name))
-    return sorted(pids)
+        yield int(name), fields_[0], int(fields_[1]), int(fields_[2])
+
+
+def live_group_pids(pgid: int) -> list[int]:
+    """Processes of a process group that have not exited yet (zombies have released everything)."""
+    return sorted(pid for pid, state, _, group in iter_proc_stats() if group == pgid and state != "Z")
 
 
 def free_port() -> int:
