@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import struct
 import zlib
 from collections.abc import Iterable, Mapping
@@ -38,10 +37,11 @@ from broker.store.config_files import (
     FastjsonDecodeError,
     TopicConfig,
     TopicConfigTable,
+    _INTEGER_TEXT,
     _Parser,
+    coerce_int,
 )
 
-_INTEGER_TEXT = re.compile(r"[+-]?[0-9]{1,40}")
 MAX_INFLATED_BODY = 64 * 1024 * 1024  # a compressed registration bigger than this is refused
 
 
@@ -144,15 +144,7 @@ def _int(value: Any, what: str, default: int | None = None) -> int:
         if default is None:
             raise BodyError(f"{what}: missing")
         return default
-    if isinstance(value, bool):
-        raise BodyError(f"{what}: expected an integer, got {value!r}")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and _INTEGER_TEXT.fullmatch(value.strip()):
-        return int(value.strip())
-    raise BodyError(f"{what}: expected an integer, got {value!r:.60}")
+    return coerce_int(value, what, BodyError)
 
 
 def _str(value: Any, what: str, default: str | None = None) -> str:

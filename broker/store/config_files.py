@@ -483,20 +483,25 @@ def _split_known(data: Mapping[Any, Any], known: tuple[str, ...]) -> dict[Any, A
     return {key: value for key, value in data.items() if key not in known}
 
 
-def _as_int(value: Any, what: str) -> int:
-    """fastjson coerces numeric strings into int/long fields; so do we, and reject the rest."""
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]{1,40}")
+
+
+def coerce_int(value: Any, what: str, error: type[Exception] = None) -> int:
+    """fastjson coerces numeric strings (and whole floats) into int/long fields; so do we, and reject
+    the rest with ``error`` (default :class:`ConfigFileError`) naming the field."""
+    error = error or ConfigFileError
     if isinstance(value, bool):
-        raise ConfigFileError(f"{what}: expected an integer, got {value!r}")
+        raise error(f"{what}: expected an integer, got {value!r}")
     if isinstance(value, int):
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            pass
-    raise ConfigFileError(f"{what}: expected an integer, got {value!r}")
+    if isinstance(value, str) and _INTEGER_TEXT.fullmatch(value.strip()):
+        return int(value.strip())
+    raise error(f"{what}: expected an integer, got {value!r:.60}")
+
+
+_as_int = coerce_int
 
 
 def _as_bool(value: Any, what: str) -> bool:
