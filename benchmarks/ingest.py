@@ -480,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=REPO / "build" / "bench",
                     help="where stores ingest-<size>g and temporary lakes go (default build/bench)")
     ap.add_argument("--remove-stores", action="store_true", help="delete each generated store after measuring it")
+    ap.add_argument("--generate-only", action="store_true",
+                    help="only generate (or check) the stores, measure nothing (e.g. ahead of a quiet machine)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if any(g <= 0 for g in args.sizes_gib):
@@ -501,11 +503,16 @@ def main(argv: list[str] | None = None) -> int:
             say(msg)
             skipped.append(msg)
             continue
+        if args.generate_only:
+            ensure_store(store, gib, args.body_bytes)
+            continue
         r = measure_size(gib, args, with_broker)
         results.append(r)
         print_size(r)
         sys.stdout.flush()
 
+    if args.generate_only:
+        return 0
     if not results:
         print("nothing measured: " + "; ".join(skipped))
         return 1

@@ -320,6 +320,9 @@ class DeltaArrowWriter(DataSourceArrowWriter):
             yield [], table
             return
         keys = table.select(self.partition_by).group_by(self.partition_by).aggregate([]).to_pylist()
+        if len(keys) == 1:  # the usual case (one store_date per batch): no filter, no copy
+            yield [partition_value_string(keys[0][c]) for c in self.partition_by], table
+            return
         for row in keys:
             mask = None
             for col in self.partition_by:

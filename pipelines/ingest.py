@@ -28,12 +28,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from broker.store.commitlog import CommitLog
 from broker.store.consume_queue import ConsumeQueue, list_queues
 from broker.store.record_scan import scan_records
-from pipelines.lake import app_version, read_table, write_table
+from pipelines.lake import app_version, append_arrow, delta_spark_available, scan_arrow, write_table
+from pipelines.partition_writer import write_partitions
 from pipelines.sources import register_sources
+from pipelines.sources.rocketmq import (
+    RocketMQConsumeQueueDataSource,
+    RocketMQDataSource,
+    RocketMQIndexDataSource,
+)
 from schemas.messages import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA, MESSAGES_TABLE
 from schemas.tables import (
     CONSUME_QUEUE_SCHEMA,
@@ -130,6 +137,25 @@ def scan_findings(store: str, broker: str, start: int, end: int, run_id: str) ->
                                 schema=CORRUPT_RECORDS_SCHEMA)
 
 
+def crc_findings(lake: str, broker: str, start: int, end: int, run_id: str) -> pa.Table:
+    """A finding per record of ``[start, end)`` in the messages table whose body CRC did not match
+    (read back from the table just written: three columns, instead of decoding the commitlog again)."""
+    if app_version(lake, MESSAGES_TABLE, app_id_for(broker)) is None:
+        return CORRUPT_RECORDS_SCHEMA.empty_table()
+    col = pc.field
+    bad = scan_arrow(lake, MESSAGES_TABLE, ["segment_file", "commitlog_offset", "body_crc"],
+                     (col("broker_name") == broker) & (col("commitlog_offset") >= start)
+                     & (col("commitlog_offset") < end) & ~col("body_crc_ok"))
+    bad = bad.sort_by("commitlog_offset")
+    offsets = pc.subtract(bad["commitlog_offset"], pc.cast(bad["segment_file"], pa.int64()))
+    reasons = [f"crc_mismatch: BODYCRC {c} does not match the body" for c in bad["body_crc"].to_pylist()]
+    n = bad.num_rows
+    return pa.table({"broker_name": pa.array([broker] * n, pa.string()), "file": bad["segment_file"],
+                     "offset": offsets, "reason": pa.array(reasons, pa.string()),
+                     "bytes_skipped": pa.array([0] * n, pa.int64()),
+                     "ingest_run_id": pa.array([run_id] * n, pa.string())}).cast(CORRUPT_RECORDS_SCHEMA)
+
+
 def _mark(lake: str, table: str, app_id: str) -> int:
     return app_version(lake, table, app_id) or 0
 
@@ -153,8 +179,11 @@ def ingest_store(spark, spec: StoreSpec, lake: str, *, split_bytes: int = DEFAUL
         if stop <= marks[name]:
             summary.skipped.append(name)
             return
+        record(name, lambda: write_table(df, lake, name, app_id=app_id, app_version=stop, **kwargs))
+
+    def record(name: str, run) -> None:
         t0 = time.monotonic()
-        result = write_table(df, lake, name, app_id=app_id, app_version=stop, **kwargs)
+        result = run()
         summary.table_seconds[name] = time.monotonic() - t0
         log.info("ingest %s: %s %s in %.1f s", spec.name, name,
                  "skipped (already committed)" if result.skipped else f"+{result.num_rows} rows",
@@ -164,32 +193,39 @@ def ingest_store(spark, spec: StoreSpec, lake: str, *, split_bytes: int = DEFAUL
         else:
             summary.rows[name] = int(result.num_rows or 0)
 
-    reader = spark.read.option("brokerName", spec.name)
+    direct = not delta_spark_available(spark)
+
+    def write_source(name: str, source, options: dict[str, str], stop: int, lo: int, **kwargs) -> None:
+        """Rows of ``source`` with commitlog_offset in ``[lo, stop)`` → table ``name``."""
+        if stop <= marks[name]:
+            summary.skipped.append(name)
+            return
+        options = {"path": spec.path, "brokerName": spec.name, **options}
+        if direct:  # read and write in the same Python worker (pipelines.partition_writer)
+            reader = source(options).reader(None)
+            record(name, lambda: write_partitions(
+                spark, reader, lake, name, app_id=app_id, app_version=stop,
+                offset_range=("commitlog_offset", lo, stop), label=f"ingest {spec.name} {name}", **kwargs))
+        else:
+            df = (spark.read.options(**options).format(source.name()).load()
+                  .filter(f"commitlog_offset >= {lo} AND commitlog_offset < {stop}"))
+            write(name, df, stop, **kwargs)
+
     if end > marks[MESSAGES_TABLE]:
-        messages = (reader.format("rocketmq").option("splitBytes", str(split_bytes))
-                    .option("fromOffset", str(marks[MESSAGES_TABLE])).option("untilOffset", str(end))
-                    .option("ingestRunId", run_id).load(spec.path))
-        write(MESSAGES_TABLE, messages, end, partition_by=MESSAGES_PARTITION_BY, schema=MESSAGES_SCHEMA)
-    for name, fmt, schema in ((CONSUME_QUEUE_TABLE, "rocketmq_consume_queue", CONSUME_QUEUE_SCHEMA),
-                              (INDEX_ENTRIES_TABLE, "rocketmq_index", INDEX_ENTRIES_SCHEMA)):
+        write_source(MESSAGES_TABLE, RocketMQDataSource,
+                     {"splitBytes": str(split_bytes), "fromOffset": str(marks[MESSAGES_TABLE]),
+                      "untilOffset": str(end), "ingestRunId": run_id},
+                     end, marks[MESSAGES_TABLE], partition_by=MESSAGES_PARTITION_BY, schema=MESSAGES_SCHEMA)
+    for name, source, schema in ((CONSUME_QUEUE_TABLE, RocketMQConsumeQueueDataSource, CONSUME_QUEUE_SCHEMA),
+                                 (INDEX_ENTRIES_TABLE, RocketMQIndexDataSource, INDEX_ENTRIES_SCHEMA)):
         if cq_end > marks[name]:
-            df = (spark.read.option("brokerName", spec.name).format(fmt).load(spec.path)
-                  .filter(f"commitlog_offset >= {marks[name]} AND commitlog_offset < {cq_end}"))
-            write(name, df, cq_end, schema=schema, partition_by=["broker_name"])
+            write_source(name, source, {}, cq_end, marks[name], schema=schema, partition_by=["broker_name"])
     if end > marks[CORRUPT_RECORDS_TABLE]:
-        found = scan_findings(spec.path, spec.name, marks[CORRUPT_RECORDS_TABLE], end, run_id)
-        # CRC mismatches come from the messages table just written (3 columns of Parquet), not from
-        # decoding the commitlog a second time
         lo = marks[CORRUPT_RECORDS_TABLE]
-        crc = (read_table(spark, lake, MESSAGES_TABLE)
-               .filter(f"broker_name = '{spec.name}' AND commitlog_offset >= {lo} AND commitlog_offset < {end} "
-                       "AND NOT body_crc_ok")
-               .selectExpr("broker_name", "segment_file AS file",
-                           "commitlog_offset - CAST(segment_file AS BIGINT) AS offset",
-                           "concat('crc_mismatch: BODYCRC ', CAST(body_crc AS STRING), ' does not match the body') AS reason",
-                           "CAST(0 AS BIGINT) AS bytes_skipped", f"'{run_id}' AS ingest_run_id"))
-        df = crc.unionByName(spark.createDataFrame(found.to_pandas(), crc.schema)) if found.num_rows else crc
-        write(CORRUPT_RECORDS_TABLE, df, end, schema=CORRUPT_RECORDS_SCHEMA, partition_by=["broker_name"])
+        found = pa.concat_tables([scan_findings(spec.path, spec.name, lo, end, run_id),
+                                  crc_findings(lake, spec.name, lo, end, run_id)])
+        record(CORRUPT_RECORDS_TABLE, lambda: append_arrow(lake, CORRUPT_RECORDS_TABLE, found, partition_by=["broker_name"],
+                                                           app_id=app_id, app_version=end))
     summary.seconds = time.monotonic() - started
     summary.status = "SUCCEEDED" if summary.rows else "NOTHING_NEW"
     if end > marks[INGEST_RUNS_TABLE]:
@@ -201,10 +237,7 @@ def ingest_store(spark, spec: StoreSpec, lake: str, *, split_bytes: int = DEFAUL
             "corrupt_records_rows": summary.rows.get(CORRUPT_RECORDS_TABLE, 0),
             "started_at": started_at, "duration_s": summary.seconds, "status": summary.status}],
             schema=INGEST_RUNS_SCHEMA)
-        from schemas.spark import spark_ddl
-
-        write(INGEST_RUNS_TABLE, spark.createDataFrame(run_row.to_pandas(), spark_ddl(INGEST_RUNS_SCHEMA)), end,
-              schema=INGEST_RUNS_SCHEMA)
+        record(INGEST_RUNS_TABLE, lambda: append_arrow(lake, INGEST_RUNS_TABLE, run_row, app_id=app_id, app_version=end))
     return summary
 
 

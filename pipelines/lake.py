@@ -165,6 +165,41 @@ def _version_or_none(path: str) -> int | None:
     return DeltaTable(path).version() if DeltaTable.is_deltatable(path) else None
 
 
+def append_arrow(lake_dir: str | os.PathLike, name: str, table: pa.Table, *, partition_by: Iterable[str] = (),
+                 app_id: str | None = None, app_version: int | None = None) -> WriteResult:
+    """Append a small Arrow table from the driver (no Spark job) in one commit, with delta-rs.
+
+    For tables the driver computes itself (run records, findings, lag snapshots): a Spark job per
+    few rows would cost seconds. Same exactly-once rule as :func:`write_table`.
+    """
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+    if (app_id is None) != (app_version is None):
+        raise ValueError("app_id and app_version go together")
+    path = table_path(lake_dir, name)
+    if app_id is not None:
+        seen = _recorded_app_version(lake_dir, name, app_id)
+        if seen is not None and seen >= app_version:
+            return WriteResult(path, "delta-rs", committed=False, skipped=True,
+                               version=table_version(lake_dir, name), num_files=0, num_rows=0,
+                               reason=f"appId {app_id!r} already at version {seen} >= {app_version}")
+    props = CommitProperties(app_transactions=[Transaction(app_id, app_version)] if app_id else None,
+                             custom_metadata={"rocketlake.writer": "append_arrow"})
+    write_deltalake(path, table, mode="append", partition_by=list(partition_by) or None, commit_properties=props)
+    return WriteResult(path, "delta-rs", committed=True, skipped=False, version=DeltaTable(path).version(),
+                       num_files=None, num_rows=table.num_rows)
+
+
+def scan_arrow(lake_dir: str | os.PathLike, name: str, columns: list[str] | None = None,
+               filter=None) -> pa.Table:
+    """Rows of the table's current snapshot as Arrow, read by the driver (pyarrow.dataset through
+    deltalake: partition and file statistics prune files). ``filter`` is a ``pyarrow.compute`` expression."""
+    from deltalake import DeltaTable
+
+    dataset = DeltaTable(table_path(lake_dir, name)).to_pyarrow_dataset()
+    return dataset.to_table(columns=columns, filter=filter)
+
+
 def read_table(spark, lake_dir: str | os.PathLike, name: str, *, engine: str | None = None):
     """The table's current snapshot as a Spark DataFrame (columns in table order)."""
     path = table_path(lake_dir, name)

@@ -237,3 +237,31 @@ def test_garbage_everywhere_terminates(tmp_path):
     good = {r.physical_offset for r in results}
     assert all(r["commitlog_offset"] in good for r in rows)
     assert found
+
+
+
+def test_resync_after_a_region_larger_than_the_search_window(tmp_path):
+    # the record-start search looks window by window (64 KiB, doubling): a 300 KB run of garbage
+    # without magic bytes must still be crossed, by the walk and by a split starting inside it
+    big = 4 * 1024 * 1024
+    store = tmp_path / "store"
+    with CommitLogWriter(store, segment_size=big) as w:
+        results = [w.append(MessageRecord(topic="T", body=bytes([i % 251]) * 400, queue_id=0,
+                                          born_timestamp=1_700_000_000_000 + i,
+                                          born_host=Host(bytes([10, 0, 0, 1]), 5000),
+                                          store_host=Host(bytes([10, 0, 0, 2]), 10911)),
+                           store_timestamp=1_700_000_001_000 + i) for i in range(2000)]
+    a = next(r for r in results if r.physical_offset >= 5000)
+    b = next(r for r in results if r.physical_offset >= a.physical_offset + 300_000)
+    seg = CommitLog.open(store, big).segments[0]
+    with open(seg.path, "r+b") as fh:
+        fh.seek(a.physical_offset)
+        fh.write(b"\x01" * (b.physical_offset - a.physical_offset))
+    kept = [r.physical_offset for r in results if not a.physical_offset <= r.physical_offset < b.physical_offset]
+    buf = seg.open()
+    table, stats = decode_range(buf, 0, big, file_name=seg.name)
+    assert table.column("commitlog_offset").to_pylist() == kept
+    assert [(f.physical_offset, f.bytes_skipped) for f in stats.findings] == [
+        (a.physical_offset, b.physical_offset - a.physical_offset)]
+    tail, _ = decode_range(buf, 0, big, a.physical_offset + 10, file_name=seg.name)
+    assert tail.column("commitlog_offset").to_pylist() == [o for o in kept if o > a.physical_offset]

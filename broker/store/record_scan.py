@@ -66,6 +66,10 @@ class ScanResult:
     blank_at: int | None = None
 
 
+_SEARCH_WINDOW = 64 * 1024
+_SEARCH_WINDOW_MAX = 8 * 1024 * 1024
+
+
 def _is_record_start(buf, pos: int, seg_base: int, seg_size: int) -> bool:
     if pos + BLANK_HEADER_SIZE > len(buf):
         return False
@@ -88,14 +92,20 @@ def find_record_start(buf, pos: int, limit: int, seg_base: int, seg_size: int) -
     finder = buf.find if hasattr(buf, "find") else bytes(buf).find
     limit = min(limit, seg_size)
     cursor = pos
+    # search window by window: a pattern absent from the split (e.g. V2 magic in a V1 store) would
+    # otherwise make ``find`` scan all the way to ``limit`` on every call
+    window = _SEARCH_WINDOW
     while cursor < limit:
+        stop = min(limit, cursor + window)
         best = None
         for pattern in _PATTERNS:
-            hit = finder(pattern, cursor + 4, limit + 7)  # magic of a start < limit
+            hit = finder(pattern, cursor + 4, stop + 7)  # magic of a start < stop
             if hit >= 0 and (best is None or hit < best):
                 best = hit
         if best is None:
-            return None
+            cursor = stop
+            window = min(window * 2, _SEARCH_WINDOW_MAX)
+            continue
         cand = best - 4
         if cand >= pos and _is_record_start(buf, cand, seg_base, seg_size):
             return cand

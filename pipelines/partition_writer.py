@@ -1,0 +1,132 @@
+"""Read and write in the same Spark task: a data-source reader's partitions straight into Delta files.
+
+Why this exists: ``spark.read.format("rocketmq")…write.format("rocketlake_delta")`` moves every row
+from the reading Python worker into the JVM (Arrow → UnsafeRow) and back out to the writing Python
+worker (UnsafeRow → Arrow). For the messages table, whose bodies are most of the bytes, those two
+hops cost more than decoding and Parquet encoding together. Here Spark only schedules the work:
+``spark.range(n, numPartitions=n).mapInArrow`` runs one task per reader partition, and the task
+calls ``reader.read(partition)`` and hands the batches to :class:`~pipelines.delta_writer.DeltaArrowWriter`
+in the same worker. Only the files' ``add`` actions travel back to the driver, which commits them all
+as ONE Delta transaction (with the app transaction), exactly as the data-source writer does.
+
+Used for the delta-rs engine. With the Delta Spark jar, :func:`pipelines.lake.write_table` on the
+data-source DataFrame is the path (Spark's own ``delta`` writer then does the Parquet encoding).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from typing import Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from pipelines.delta_writer import AddInfo, DeltaArrowWriter, DeltaCommitMessage
+from pipelines.lake import WriteResult, app_version as recorded_app_version, table_path, table_version
+
+log = logging.getLogger(__name__)
+
+_RESULT_SCHEMA = "commit_message string"
+
+
+def _worker_logging() -> None:
+    """Python workers start with no logging set up: send INFO lines to stderr (the executor's log)."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _describe(part: InputPartition) -> str:
+    value = getattr(part, "value", None)
+    if hasattr(part, "start") and hasattr(part, "end") and hasattr(part, "file_name"):
+        return f"{part.file_name} [{part.start}, {part.end})"
+    return str(value if value is not None else part)
+
+
+def _in_range(batch: pa.RecordBatch, column: str, lo: int, hi: int) -> pa.RecordBatch:
+    col = batch.column(column)
+    mask = pc.and_(pc.greater_equal(col, lo), pc.less(col, hi))
+    return batch if pc.all(mask).as_py() else batch.filter(mask)
+
+
+def write_partitions(spark, reader: DataSourceReader, lake_dir: str | os.PathLike, name: str, *,
+                     schema: pa.Schema, partition_by: Iterable[str] = (),
+                     app_id: str | None = None, app_version: int | None = None,
+                     offset_range: tuple[str, int, int] | None = None,
+                     label: str | None = None) -> WriteResult:
+    """Append every row ``reader`` yields to ``<lake_dir>/<name>`` in one Delta commit (delta-rs).
+
+    ``offset_range=(column, lo, hi)`` keeps the rows with ``lo <= column < hi`` (applied in the task).
+    ``app_id``/``app_version``: as :func:`pipelines.lake.write_table` (skipped when already recorded).
+    Each task logs one progress line: partition i/n, what it covered, rows, seconds.
+    """
+    if (app_id is None) != (app_version is None):
+        raise ValueError("app_id and app_version go together")
+    path = table_path(lake_dir, name)
+    if app_id is not None:
+        seen = recorded_app_version(lake_dir, name, app_id)
+        if seen is not None and seen >= app_version:
+            return WriteResult(path, "delta-rs", committed=False, skipped=True,
+                               version=table_version(lake_dir, name), num_files=0, num_rows=0,
+                               reason=f"appId {app_id!r} already at version {seen} >= {app_version}")
+    parts = [p for p in reader.partitions() if type(p) is not InputPartition]  # noqa: E721 (the empty marker)
+    os.makedirs(path, exist_ok=True)
+    fd, result_file = tempfile.mkstemp(prefix="rocketlake-delta-", suffix=".json")
+    os.close(fd)
+    os.remove(result_file)
+    writer = DeltaArrowWriter(table_dir=path, arrow_schema=schema, partition_by=list(partition_by),
+                              overwrite=False, app_id=app_id, app_version=app_version,
+                              result_file=result_file, custom_metadata=None,
+                              rows_per_file=1_000_000)
+    label = label or name
+    total = len(parts)
+
+    def produce(part: InputPartition) -> Iterator[pa.RecordBatch]:
+        for batch in reader.read(part):
+            if offset_range is not None:
+                batch = _in_range(batch, *offset_range)
+            if batch.num_rows:
+                yield batch
+
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        _worker_logging()
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                part = parts[index]
+                t0 = time.monotonic()
+                message = writer.write(produce(part))
+                rows = sum(f.num_records for f in message.files)
+                log.info("%s: partition %d/%d %s: %d rows, %d files in %.1f s", label, index + 1, total,
+                         _describe(part), rows, len(message.files), time.monotonic() - t0)
+                yield pa.RecordBatch.from_pydict({"commit_message": [json.dumps(asdict(message))]})
+
+    try:
+        messages: list[DeltaCommitMessage] = []
+        if parts:
+            rows = spark.range(0, total, 1, total).mapInArrow(task, _RESULT_SCHEMA).collect()
+            for row in rows:
+                data = json.loads(row.commit_message)
+                files = [AddInfo(**f) for f in data.pop("files")]
+                messages.append(DeltaCommitMessage(files=files, **data))
+    except BaseException:
+        writer.abort([])  # removes every file of this job, also from tasks that never reported
+        if os.path.exists(result_file):
+            os.remove(result_file)
+        raise
+    try:
+        writer.commit(messages)
+        with open(result_file, encoding="utf-8") as fh:
+            result = json.load(fh)
+    finally:
+        if os.path.exists(result_file):
+            os.remove(result_file)
+    return WriteResult(path, "delta-rs", committed=result["committed"], skipped=result["skipped"],
+                       version=result.get("version"), num_files=result.get("num_files"),
+                       num_rows=result.get("num_rows"), reason=result.get("reason"))

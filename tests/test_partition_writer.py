@@ -1,0 +1,95 @@
+"""pipelines.partition_writer: a reader's partitions read and written to Delta by the same Spark task."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from pipelines.lake import app_version
+from pyspark import cloudpickle
+from pipelines.partition_writer import write_partitions
+
+# the Python workers cannot import this test module: ship its classes by value
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SCHEMA = pa.schema([("part", pa.string()), ("commitlog_offset", pa.int64()), ("value", pa.string())])
+
+
+class _Reader(DataSourceReader):
+    """Partitions 0..n-1, each 100 rows with offsets part*100 .. part*100+99; ``fail`` raises in one."""
+
+    def __init__(self, n: int, fail: int | None = None) -> None:
+        self.n, self.fail = n, fail
+
+    def partitions(self):
+        return [InputPartition(i) for i in range(self.n)] or [InputPartition(None)]
+
+    def read(self, partition):
+        i = partition.value
+        if i is None:
+            return
+        if i == self.fail:
+            raise RuntimeError(f"partition {i} failed on purpose")
+        for half in range(2):
+            lo = i * 100 + half * 50
+            yield pa.RecordBatch.from_pydict({
+                "part": [f"p{i % 2}"] * 50, "commitlog_offset": list(range(lo, lo + 50)),
+                "value": [f"v{o}" for o in range(lo, lo + 50)]}, schema=SCHEMA)
+
+
+class _Numbered(InputPartition):
+    pass
+
+
+def _wrap(reader: _Reader) -> _Reader:
+    # InputPartition(None) is the "nothing to read" marker write_partitions drops; real partitions
+    # of this test reader must be a subclass, as the store readers' partitions are
+    orig = reader.partitions
+    reader.partitions = lambda: [_Numbered(p.value) for p in orig() if p.value is not None]  # type: ignore[method-assign]
+    return reader
+
+
+def _rows(path: str) -> list[tuple]:
+    t = pa.table(DeltaTable(path).to_pyarrow_table()).sort_by("commitlog_offset")
+    return list(zip(*(t[c].to_pylist() for c in SCHEMA.names)))
+
+
+def test_all_partitions_in_one_commit_with_app_transaction(spark, tmp_path: Path) -> None:
+    res = write_partitions(spark, _wrap(_Reader(5)), tmp_path, "t", schema=SCHEMA, partition_by=["part"],
+                           app_id="test.app", app_version=7, offset_range=("commitlog_offset", 30, 420))
+    assert res.committed and not res.skipped and res.num_rows == 390
+    dt = DeltaTable(res.path)
+    assert dt.version() == 0  # one transaction
+    assert app_version(tmp_path, "t", "test.app") == 7
+    rows = _rows(res.path)
+    assert [r[1] for r in rows] == list(range(30, 420))
+    assert rows[0] == ("p0", 30, "v30") and rows[-1] == ("p0", 419, "v419")
+    # the same app version again: skipped, nothing written, no new files on disk
+    files_before = sorted(p for p in Path(res.path).rglob("*.parquet"))
+    again = write_partitions(spark, _wrap(_Reader(5)), tmp_path, "t", schema=SCHEMA, partition_by=["part"],
+                             app_id="test.app", app_version=7)
+    assert again.skipped and not again.committed and DeltaTable(res.path).version() == 0
+    assert sorted(p for p in Path(res.path).rglob("*.parquet")) == files_before
+
+
+def test_failed_task_leaves_no_files_and_no_commit(spark, tmp_path: Path) -> None:
+    write_partitions(spark, _wrap(_Reader(2)), tmp_path, "t", schema=SCHEMA, app_id="a", app_version=1)
+    before = sorted(p.name for p in Path(tmp_path, "t").rglob("*.parquet"))
+    with pytest.raises(Exception, match="failed on purpose"):
+        write_partitions(spark, _wrap(_Reader(4, fail=3)), tmp_path, "t", schema=SCHEMA, app_id="a", app_version=2)
+    assert DeltaTable(os.path.join(tmp_path, "t")).version() == 0
+    assert app_version(tmp_path, "t", "a") == 1
+    assert sorted(p.name for p in Path(tmp_path, "t").rglob("*.parquet")) == before
+
+
+def test_no_partitions_still_records_the_mark(spark, tmp_path: Path) -> None:
+    res = write_partitions(spark, _wrap(_Reader(0)), tmp_path, "t", schema=SCHEMA, app_id="a", app_version=5)
+    assert res.committed and res.num_rows == 0
+    assert app_version(tmp_path, "t", "a") == 5
+    assert DeltaTable(res.path).count() == 0
