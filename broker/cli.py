@@ -250,13 +250,24 @@ def cmd_broker_start(args: argparse.Namespace) -> int:
         return EXIT_FINDINGS
 
 
-# ---- ingest ------------------------------------------------------------------------------------------
-def cmd_ingest(args: argparse.Namespace, extra: list[str]) -> int:
-    """Same as ``spark-submit jobs/ingest_commitlog.py``, with a local Spark session."""
+# ---- Spark jobs -------------------------------------------------------------------------------------
+# rocketlake COMMAND → jobs/<file>.py, run in-process (same options as spark-submit of that file)
+JOB_COMMANDS: dict[str, tuple[str, str]] = {
+    "ingest": ("ingest_commitlog.py", "ingest broker stores into Delta tables"),
+    "lag": ("consumer_lag.py", "consumer lag snapshot, Burrow-style status, lag plot"),
+    "dlq": ("dlq_report.py", "dead-letter-queue analysis (dlq_messages, dlq_summary)"),
+    "audit": ("audit.py", "store audit (audit_findings, topic_daily_stats)"),
+    "validate": ("validate.py", "Great Expectations suites over the Delta tables"),
+}
+
+
+def cmd_job(args: argparse.Namespace, extra: list[str]) -> int:
+    """Same as ``spark-submit jobs/<file>.py``, with a local Spark session."""
     import importlib.util
 
-    job = Path(__file__).resolve().parents[1] / "jobs" / "ingest_commitlog.py"
-    spec = importlib.util.spec_from_file_location("ingest_commitlog", job)
+    file_name = JOB_COMMANDS[args.command][0]
+    job = Path(__file__).resolve().parents[1] / "jobs" / file_name
+    spec = importlib.util.spec_from_file_location(job.stem, job)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.main(extra)
@@ -352,11 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=_positive, default=None, help="network processes (default: cores)")
     p.set_defaults(func=cmd_broker_start)
 
-    p = sub.add_parser("ingest", help="ingest broker stores into Delta tables (same as the spark-submit job)",
-                       description="Runs jobs/ingest_commitlog.py in-process; its options: --store [NAME=]PATH ... "
-                                   "--lake LAKE_DIR [--split-bytes N] [--until-offset N] [--master M]",
-                       add_help=False)
-    p.set_defaults(func=cmd_ingest, passthrough=True)
+    for name, (file_name, help_text) in JOB_COMMANDS.items():
+        p = sub.add_parser(name, help=f"{help_text} (same as spark-submit jobs/{file_name})",
+                           description=f"Runs jobs/{file_name} in-process; 'rocketlake {name} --help' lists its options.",
+                           add_help=False)
+        p.set_defaults(func=cmd_job, passthrough=True)
     return parser
 
 

@@ -17,32 +17,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, when n
 
 def build_parser() -> argparse.ArgumentParser:
     from pipelines.ingest import DEFAULT_SPLIT_BYTES
+    from pipelines.job_args import add_store_lake_args
 
     ap = argparse.ArgumentParser(prog="ingest_commitlog.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--store", action="append", required=True, metavar="[NAME=]PATH",
-                    help="a broker store (repeatable); NAME is the broker name (default broker-a)")
-    ap.add_argument("--lake", required=True, metavar="LAKE_DIR", help="directory holding the Delta tables")
+    add_store_lake_args(ap)
     ap.add_argument("--split-bytes", type=int, default=DEFAULT_SPLIT_BYTES,
                     help="commitlog bytes per Spark task (default 128 MiB)")
     ap.add_argument("--until-offset", type=int, default=None, help="ingest only records starting before this offset")
-    ap.add_argument("--master", default=None, help="Spark master when not run by spark-submit (default local[2])")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from pipelines.ingest import StoreSpec, ingest
+    from pipelines.ingest import ingest
+    from pipelines.job_args import parse_stores
     from pipelines.session import build_session
 
-    try:
-        stores = [StoreSpec.parse(s) for s in args.store]
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    stores = parse_stores(ap, args.store)
     if args.split_bytes <= 0:
-        print("error: --split-bytes must be > 0", file=sys.stderr)
-        return 2
+        ap.error("--split-bytes must be > 0")
     spark = build_session("rocketlake-ingest", args.master)
     try:
         for summary in ingest(spark, stores, args.lake, split_bytes=args.split_bytes, until_offset=args.until_offset):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import mmap
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import pyarrow.compute as pc
 from broker.store.commitlog import CommitLog
 from broker.store.consume_queue import ConsumeQueue, list_queues
 from broker.store.record_scan import scan_records
+from pipelines.job_args import StoreSpec
 from pipelines.lake import app_version, append_arrow, delta_spark_available, scan_arrow, write_table
 from pipelines.partition_writer import write_partitions
 from pipelines.sources import register_sources
@@ -56,28 +56,6 @@ from schemas.tables import (
 log = logging.getLogger(__name__)
 
 DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024
-DEFAULT_BROKER_NAME = "broker-a"
-_BROKER_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
-
-
-@dataclass(frozen=True)
-class StoreSpec:
-    name: str
-    path: str
-
-    @classmethod
-    def parse(cls, text: str) -> "StoreSpec":
-        """``NAME=PATH`` or ``PATH`` (broker name ``broker-a``)."""
-        name, sep, path = text.partition("=")
-        if not sep:
-            name, path = DEFAULT_BROKER_NAME, text
-        if not name or not path:
-            raise ValueError(f"--store {text!r} is not [NAME=]PATH")
-        if not _BROKER_NAME.fullmatch(name):
-            raise ValueError(f"--store {text!r}: broker name {name!r} may only use letters, digits, '.', '_' and '-'")
-        if "://" not in path and not (Path(path) / "commitlog").is_dir():
-            raise ValueError(f"--store {text!r}: {path} has no commitlog/ directory")
-        return cls(name, path)
 
 
 @dataclass

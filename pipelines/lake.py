@@ -190,6 +190,30 @@ def append_arrow(lake_dir: str | os.PathLike, name: str, table: pa.Table, *, par
                        num_files=None, num_rows=table.num_rows)
 
 
+def replace_arrow(lake_dir: str | os.PathLike, name: str, table: pa.Table, *, predicate: str | None = None,
+                  partition_by: Iterable[str] = ()) -> WriteResult:
+    """Replace the rows matching ``predicate`` (a delta-rs SQL predicate such as
+    ``broker_name IN ('a', 'b')``; None: the whole table) by ``table``, in ONE commit.
+
+    For report tables the driver recomputes in full for the brokers it was given: other brokers'
+    rows stay, readers never see the table half replaced.
+    """
+    from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+    path = table_path(lake_dir, name)
+    exists = DeltaTable.is_deltatable(path)
+    write_deltalake(path, table, mode="overwrite" if exists else "append",
+                    predicate=predicate if exists else None, partition_by=list(partition_by) or None,
+                    commit_properties=CommitProperties(custom_metadata={"rocketlake.writer": "replace_arrow"}))
+    return WriteResult(path, "delta-rs", committed=True, skipped=False, version=DeltaTable(path).version(),
+                       num_files=None, num_rows=table.num_rows)
+
+
+def sql_string_list(values: Iterable[str]) -> str:
+    """``'a', 'b'`` for an SQL ``IN (…)`` (quotes doubled)."""
+    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
+
+
 def scan_arrow(lake_dir: str | os.PathLike, name: str, columns: list[str] | None = None,
                filter=None) -> pa.Table:
     """Rows of the table's current snapshot as Arrow, read by the driver (pyarrow.dataset through

@@ -26,6 +26,8 @@ def spark_type(t: pa.DataType) -> str:
         return f"MAP<{spark_type(t.key_type)}, {spark_type(t.item_type)}>"
     if pa.types.is_list(t):
         return f"ARRAY<{spark_type(t.value_type)}>"
+    if pa.types.is_struct(t):
+        return "STRUCT<" + ", ".join(f"`{f.name}`: {spark_type(f.type)}" for f in t) + ">"
     raise TypeError(f"no Spark type for {t}")
 
 

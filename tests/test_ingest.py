@@ -8,7 +8,8 @@ import shutil
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.ingest import StoreSpec, app_id_for, ingest
+from pipelines.ingest import app_id_for, ingest
+from pipelines.job_args import StoreSpec
 from pipelines.lake import app_version, table_version
 from tests.golden_fields import expected_row
 

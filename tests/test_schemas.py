@@ -18,3 +18,12 @@ def test_spark_ddl(spark):
         df = spark.createDataFrame([], spark_ddl(schema))
         assert df.columns == schema.names
     assert "MAP<STRING, STRING>" in spark_ddl(RECORD_SCHEMA) and "ARRAY<STRING>" in spark_ddl(RECORD_SCHEMA)
+
+
+def test_report_schemas_have_spark_ddl(spark):
+    from schemas.reports import REPORT_SCHEMAS
+
+    for name, schema in REPORT_SCHEMAS.items():
+        df = spark.createDataFrame([], spark_ddl(schema))
+        assert df.columns == schema.names, name
+    assert "ARRAY<STRUCT<`attempt`: INT" in spark_ddl(REPORT_SCHEMAS["dlq_messages"])
