@@ -38,6 +38,8 @@ def delivery(msg, prop_names: list[str]) -> dict:
         "commit_log_offset": msg.commit_log_offset,
         "reconsume_times": msg.reconsume_times,
         "store_size": msg.store_size,
+        "born_timestamp": msg.born_timestamp,
+        "store_timestamp": msg.store_timestamp,
         "received_at": time.time(),
     }
 
