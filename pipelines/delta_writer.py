@@ -248,6 +248,10 @@ class DeltaArrowWriter(DataSourceArrowWriter):
         self.rows_per_file = max(1, rows_per_file)
         self.job_id = uuid.uuid4().hex  # one per write job: names every file the job writes
         self.file_schema = pa.schema([f for f in arrow_schema if f.name not in partition_by])
+        # binary columns (message bodies) get neither a dictionary attempt nor Parquet min/max:
+        # both cost a hash or compare per value and never pay off for payloads
+        self._not_binary = [f.name for f in self.file_schema
+                            if not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))]
 
     # ---------------------------------------------------------------------------------- executors
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaCommitMessage:
@@ -288,7 +292,8 @@ class DeltaArrowWriter(DataSourceArrowWriter):
                         os.makedirs(os.path.dirname(local), exist_ok=True)
                         written.append(local)
                         writer = pq.ParquetWriter(local, self.file_schema, compression="zstd",
-                                                  write_statistics=True)
+                                                  use_dictionary=self._not_binary,
+                                                  write_statistics=self._not_binary)
                         open_files[key] = (writer, rel_disk,
                                            _FileStats(self.file_schema), values)
                         # after the file exists: a task still running when the driver aborted
