@@ -79,9 +79,10 @@ def app_id_for(broker: str) -> str:
     return f"rocketlake.ingest.{broker}"
 
 
-def commitlog_end(store: str) -> int:
-    """Offset just past the last complete record (a torn or in-progress tail is not included)."""
-    return CommitLog.open(store).data_end()
+def commitlog_end(store: str, known_end: int | None = None) -> int:
+    """Offset just past the last complete record (a torn or in-progress tail is not included).
+    ``known_end`` (how far the consume queues reach) lets the walk start there."""
+    return CommitLog.open(store).data_end(known_end)
 
 
 def dispatched_end(store: str) -> int:
@@ -143,10 +144,11 @@ def ingest_store(spark, spec: StoreSpec, lake: str, *, split_bytes: int = DEFAUL
     started_at = datetime.now(timezone.utc)
     run_id = uuid.uuid4().hex
     app_id = app_id_for(spec.name)
-    end = commitlog_end(spec.path)
+    dispatched = dispatched_end(spec.path)
+    end = commitlog_end(spec.path, dispatched or None)
     if until_offset is not None:
         end = min(end, until_offset)
-    cq_end = min(end, dispatched_end(spec.path))
+    cq_end = min(end, dispatched)
     marks = {t: _mark(lake, t, app_id) for t in (MESSAGES_TABLE, CONSUME_QUEUE_TABLE, INDEX_ENTRIES_TABLE,
                                                   CORRUPT_RECORDS_TABLE, INGEST_RUNS_TABLE)}
     summary = RunSummary(run_id, spec.name, marks[MESSAGES_TABLE], end)

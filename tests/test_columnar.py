@@ -265,3 +265,17 @@ def test_resync_after_a_region_larger_than_the_search_window(tmp_path):
         (a.physical_offset, b.physical_offset - a.physical_offset)]
     tail, _ = decode_range(buf, 0, big, a.physical_offset + 10, file_name=seg.name)
     assert tail.column("commitlog_offset").to_pylist() == [o for o in kept if o > a.physical_offset]
+
+
+def test_data_end_with_a_known_end_walks_only_the_tail(tmp_path):
+    store, results = _make_store(tmp_path, n=200)
+    log = CommitLog.open(store, SEG)
+    true_end = log.data_end()
+    last = results[-1]
+    assert true_end == last.physical_offset + last.size
+    boundary = results[-5].physical_offset  # a record start in the last segment
+    assert log.segment_for(boundary).base == log.segment_for(last.physical_offset).base
+    assert log.data_end(boundary) == true_end
+    assert log.data_end(boundary + 3) == true_end  # not a record start: falls back to the full walk
+    assert log.data_end(true_end) == true_end
+    assert log.data_end(10**12) == true_end  # beyond the log: ignored

@@ -70,7 +70,7 @@ _SEARCH_WINDOW = 64 * 1024
 _SEARCH_WINDOW_MAX = 8 * 1024 * 1024
 
 
-def _is_record_start(buf, pos: int, seg_base: int, seg_size: int) -> bool:
+def is_record_start(buf, pos: int, seg_base: int, seg_size: int) -> bool:
     if pos + BLANK_HEADER_SIZE > len(buf):
         return False
     size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
@@ -107,7 +107,7 @@ def find_record_start(buf, pos: int, limit: int, seg_base: int, seg_size: int) -
             window = min(window * 2, _SEARCH_WINDOW_MAX)
             continue
         cand = best - 4
-        if cand >= pos and _is_record_start(buf, cand, seg_base, seg_size):
+        if cand >= pos and is_record_start(buf, cand, seg_base, seg_size):
             return cand
         cursor = cand + 1
     return None
