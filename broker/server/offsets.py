@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from broker.store.config_files import (
     ConsumerOffsetTable,
@@ -47,6 +47,8 @@ DEFAULT_TOPIC_QUEUE_NUMS = 8  # defaultTopicQueueNums
 # Groups a fresh 4.9.8 broker creates (SubscriptionGroupManager.init).
 SYSTEM_GROUPS = ("TOOLS_CONSUMER", "FILTERSRV_CONSUMER", "SELF_TEST_C_GROUP", "CID_ONS-HTTP-PROXY",
                  "CID_ONSAPI_PULL", "CID_ONSAPI_PERMISSION", "CID_ONSAPI_OWNER")
+# Apache 5.x SubscriptionGroupConfig field: Set<SimpleSubscriptionData{topic, expressionType, expression, version}>
+SUBSCRIPTION_DATA_SET = "subscriptionDataSet"
 
 
 class _Persistent:
@@ -185,6 +187,8 @@ class SubscriptionGroupManager(_Persistent):
         super().__init__(config_path(store_dir, SUBSCRIPTION_GROUP_FILE), fsync)
         self.auto_create = auto_create
         self.table: SubscriptionGroupTable = SubscriptionGroupTable.load(self.path)
+        # group -> (config, its stored subscriptionDataSet list, keys): see add_subscription
+        self._pulled: dict[str, tuple[SubscriptionGroupConfig, object, set[tuple[str, str, str]]]] = {}
         seeded = False
         for name in SYSTEM_GROUPS:
             if name not in self.table:
@@ -215,6 +219,84 @@ class SubscriptionGroupManager(_Persistent):
             self.table.put(config)
             self._changed()
             self.persist()
+
+    def update_subscriptions(self, group: str, subscriptions: Iterable[tuple[str, str, str, int]]) -> bool:
+        """Record a group's subscriptions from a heartbeat as Apache 5.x's ``subscriptionDataSet``.
+
+        ``subscriptions`` are ``(topic, expressionType, expression, version)``. The field is what
+        5.x's ``SubscriptionGroupConfig`` persists (a ``Set<SimpleSubscriptionData>``), so offline
+        readers (the consumer-lag report) learn the topics of a group that never committed an
+        offset. Persisted only when the set of ``(topic, expressionType, expression)`` changes: a
+        client restart bumps ``version`` on every heartbeat and must not rewrite the file each time.
+        Returns True when the file was updated. Unknown groups are left alone (``find`` decides
+        about auto-creation before this is called). A heartbeat's set is the group's whole set: it
+        replaces what :meth:`add_subscription` added from pulls.
+        """
+        entries = sorted({(str(t), str(k or "TAG"), str(e if e is not None else "*")): int(v or 0)
+                          for t, k, e, v in subscriptions}.items())
+        with self._lock:
+            config = self.table.get(group)
+            if config is None:
+                return False
+            current = config.extra.get(SUBSCRIPTION_DATA_SET)
+            if _subscription_keys(current) == [key for key, _ in entries] or (current is None and not entries):
+                return False
+            config.extra[SUBSCRIPTION_DATA_SET] = [
+                {"expression": expr, "expressionType": kind, "topic": topic, "version": version}
+                for (topic, kind, expr), version in entries]
+            self.table.put(config)
+            self._changed()
+            self.persist()
+            self._pulled.pop(group, None)
+            log.info("group %s subscribes to %s", group, ", ".join(sorted({t for (t, _, _), _ in entries})) or "nothing")
+            return True
+
+    def add_subscription(self, group: str, topic: str, expression_type: str | None, expression: str | None,
+                         version: int = 0) -> bool:
+        """Add one subscription a PULL request states itself (pull consumers: their heartbeats carry
+        no subscriptions, each pull names topic and expression) to ``subscriptionDataSet``.
+
+        Added, never replacing: a pull consumer may read several topics or expressions in turn,
+        and replacing would rewrite the file on every alternation. Persisted only when the
+        ``(topic, expressionType, expression)`` is new. This runs on every pull, so a repeat is
+        answered from a per-group cache without the lock; the cache entry is only trusted while the
+        group's config object and stored list are the very objects it was made from (a heartbeat
+        or an admin update that replaces either sends the next pull through the slow path).
+        """
+        key = (str(topic), str(expression_type or "TAG"), str(expression if expression is not None else "*"))
+        config = self.table.groups.get(group)
+        cached = self._pulled.get(group)
+        if config is not None and cached is not None and cached[0] is config \
+                and cached[1] is config.extra.get(SUBSCRIPTION_DATA_SET) and key in cached[2]:
+            return False
+        with self._lock:
+            config = self.table.get(group)
+            if config is None:
+                return False
+            current = config.extra.get(SUBSCRIPTION_DATA_SET)
+            keys = _subscription_keys(current)
+            changed = keys is None or key not in keys
+            if changed:
+                items = [dict(item) for item in current] if keys is not None else []
+                items.append({"expression": key[2], "expressionType": key[1], "topic": key[0], "version": int(version or 0)})
+                items.sort(key=lambda item: (str(item.get("topic")), str(item.get("expressionType", "TAG")),
+                                             str(item.get("expression", "*"))))
+                config.extra[SUBSCRIPTION_DATA_SET] = current = items
+                self.table.put(config)
+                self._changed()
+                self.persist()
+                log.info("group %s pulls %s (%s %s)", group, key[0], key[1], key[2])
+            self._pulled[group] = (config, current, set(_subscription_keys(current) or ()))
+            return changed
+
+
+def _subscription_keys(value: object) -> list[tuple[str, str, str]] | None:
+    """The ``(topic, expressionType, expression)`` keys of a stored ``subscriptionDataSet``, sorted;
+    None when the stored value is missing or not a list of objects (then it is rewritten)."""
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        return None
+    return sorted((str(item.get("topic")), str(item.get("expressionType", "TAG")), str(item.get("expression", "*")))
+                  for item in value)
 
 
 class ConsumerOffsetManager(_Persistent):

@@ -395,6 +395,9 @@ class BrokerCore:
         flags = h.sys_flag
         if flags & PullSysFlag.SUBSCRIPTION:
             tag_filter = parse_tag_filter(h.subscription)
+            # a pull consumer states its subscription here, not in heartbeats: record it (cheap on repeats)
+            self.store.groups.add_subscription(h.consumer_group, h.topic, h.expression_type, h.subscription,
+                                               h.sub_version)
         else:
             sub = self.clients.subscription(h.consumer_group, h.topic)
             if sub is None:
@@ -487,6 +490,12 @@ class BrokerCore:
                 if self.store.topics.get(retry) is None:
                     self.store.topics.create_topic_in_send_back(retry, 1)
                     self.on_topics_changed()
+                # 5.x's subscriptionDataSet: offline readers see topics a group never committed on.
+                # No subscriptions (pull consumers; 5.x withoutSub heartbeats) says nothing: keep what is known.
+                if consumer.subscriptions and not data.without_sub:
+                    self.store.groups.update_subscriptions(
+                        consumer.group_name,
+                        [(s.topic, s.expression_type, s.sub_string, s.sub_version) for s in consumer.subscriptions])
         notes = self.clients.heartbeat(req.channel, data, req.language, req.version)
         return Reply(notify=notes)
 

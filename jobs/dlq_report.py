@@ -1,0 +1,96 @@
+"""spark-submit entry: dead-letter-queue analysis → Delta tables dlq_messages and dlq_summary.
+
+    spark-submit jobs/dlq_report.py --store [NAME=]PATH ... --lake LAKE_DIR [--no-ingest]
+
+First brings the lake's ``messages`` table up to date for the given stores (incremental ingest,
+cheap when nothing is new) unless ``--no-ingest``; then recomputes both tables for those brokers in
+full and replaces their rows, one commit per table (see :mod:`pipelines.reports.dlq` for what every
+column means). Prints the dlq_summary rows as a table and a one-line total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, when not installed
+
+SUMMARY_COLUMNS = [  # (header, dlq_summary column)
+    ("date", "store_date"), ("broker", "broker_name"), ("group", "consumer_group"), ("topic", "original_topic"),
+    ("msgs", "messages"), ("originals", "distinct_originals"), ("p50_s", "p50_time_to_dlq_s"),
+    ("p95_s", "p95_time_to_dlq_s"), ("max_s", "max_time_to_dlq_s"), ("replayed", "replayed"),
+    ("top_keys", "top_keys"), ("top_tags", "top_tags"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from pipelines.job_args import add_store_lake_args
+
+    ap = argparse.ArgumentParser(prog="dlq_report.py", description=__doc__.split("\n\n")[0])
+    add_store_lake_args(ap)
+    ap.add_argument("--no-ingest", action="store_true",
+                    help="use the messages table as it is (do not ingest new records first)")
+    return ap
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, list):
+        return ",".join(value) or "-"
+    return str(value)
+
+
+def format_summary(rows: list[dict]) -> str:
+    """The dlq_summary rows as a compact fixed-width table (header line first)."""
+    table = [[h for h, _ in SUMMARY_COLUMNS]] + [[_cell(r[c]) for _, c in SUMMARY_COLUMNS] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(SUMMARY_COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table)
+
+
+def total_line(report, brokers: list[str]) -> str:
+    rows = report.messages
+    groups = len(set(zip(rows["broker_name"].to_pylist(), rows["consumer_group"].to_pylist())))
+    originals = len({(b, o) for b, o in zip(rows["broker_name"].to_pylist(), rows["original_msg_id"].to_pylist())
+                     if o is not None})
+    return (f"dlq: {rows.num_rows} DLQ messages ({originals} distinct originals) in {groups} group(s) "
+            f"on {len(brokers)} broker(s) {', '.join(brokers)}; dlq_messages v{report.messages_write.version}, "
+            f"dlq_summary v{report.summary_write.version}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pyspark.sql import SparkSession
+
+    from pipelines.ingest import ingest
+    from pipelines.job_args import parse_stores
+    from pipelines.reports.dlq import run_dlq_report
+    from pipelines.session import build_session
+
+    stores = parse_stores(ap, args.store)
+    brokers = [s.name for s in stores]
+    # in-process callers (``rocketlake dlq`` from a program, tests) may already have a session:
+    # use it and leave it running; stop only a session this job started
+    owned = SparkSession.getActiveSession() is None
+    spark = build_session("rocketlake-dlq", args.master)
+    try:
+        if not args.no_ingest:
+            for summary in ingest(spark, stores, args.lake):
+                print(f"ingest {summary.line()}", flush=True)
+        report = run_dlq_report(spark, args.lake, brokers)
+    finally:
+        if owned:
+            spark.stop()
+    print(format_summary(report.summary.to_pylist()))
+    print(total_line(report, brokers), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
