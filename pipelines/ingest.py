@@ -19,6 +19,7 @@ leaves no duplicates and no gaps (each table resumes from what it really committ
 from __future__ import annotations
 
 import logging
+import os
 import mmap
 import time
 import uuid
@@ -29,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker.store.commitlog import CommitLog
+from broker.store.constants import COMMITLOG_DIR
 from broker.store.consume_queue import ConsumeQueue, list_queues
 from broker.store.record_scan import scan_records
 from pipelines.job_args import StoreSpec
@@ -95,7 +97,7 @@ def dispatched_end(store: str) -> int:
 
 def scan_findings(store: str, broker: str, start: int, end: int, run_id: str) -> pa.Table:
     """Structural findings (corrupt regions, torn tails, bad sizes) of the walk over ``[start, end)``."""
-    log_ = CommitLog.open(store)
+    log_ = CommitLog.open(os.path.abspath(store))
     rows = [(broker, f.file, f.offset, f"{f.kind}: {f.detail}", f.bytes_skipped, run_id)
             for f in log_.findings if start == 0]
     for seg in log_.segments:
@@ -115,9 +117,10 @@ def scan_findings(store: str, broker: str, start: int, end: int, run_id: str) ->
                                 schema=CORRUPT_RECORDS_SCHEMA)
 
 
-def crc_findings(lake: str, broker: str, start: int, end: int, run_id: str) -> pa.Table:
+def crc_findings(lake: str, broker: str, start: int, end: int, run_id: str, store: str) -> pa.Table:
     """A finding per record of ``[start, end)`` in the messages table whose body CRC did not match
-    (read back from the table just written: three columns, instead of decoding the commitlog again)."""
+    (read back from the table just written: three columns, instead of decoding the commitlog again).
+    ``file`` is the segment's path under ``store``, as the walk's findings name it."""
     if app_version(lake, MESSAGES_TABLE, app_id_for(broker)) is None:
         return CORRUPT_RECORDS_SCHEMA.empty_table()
     col = pc.field
@@ -128,7 +131,9 @@ def crc_findings(lake: str, broker: str, start: int, end: int, run_id: str) -> p
     offsets = pc.subtract(bad["commitlog_offset"], pc.cast(bad["segment_file"], pa.int64()))
     reasons = [f"crc_mismatch: BODYCRC {c} does not match the body" for c in bad["body_crc"].to_pylist()]
     n = bad.num_rows
-    return pa.table({"broker_name": pa.array([broker] * n, pa.string()), "file": bad["segment_file"],
+    root = store if "://" in store else os.path.abspath(store)
+    files = pa.array([f"{root}/{COMMITLOG_DIR}/{name}" for name in bad["segment_file"].to_pylist()], pa.string())
+    return pa.table({"broker_name": pa.array([broker] * n, pa.string()), "file": files,
                      "offset": offsets, "reason": pa.array(reasons, pa.string()),
                      "bytes_skipped": pa.array([0] * n, pa.int64()),
                      "ingest_run_id": pa.array([run_id] * n, pa.string())}).cast(CORRUPT_RECORDS_SCHEMA)
@@ -202,7 +207,7 @@ def ingest_store(spark, spec: StoreSpec, lake: str, *, split_bytes: int = DEFAUL
     if end > marks[CORRUPT_RECORDS_TABLE]:
         lo = marks[CORRUPT_RECORDS_TABLE]
         found = pa.concat_tables([scan_findings(spec.path, spec.name, lo, end, run_id),
-                                  crc_findings(lake, spec.name, lo, end, run_id)])
+                                  crc_findings(lake, spec.name, lo, end, run_id, spec.path)])
         record(CORRUPT_RECORDS_TABLE, lambda: append_arrow(lake, CORRUPT_RECORDS_TABLE, found, partition_by=["broker_name"],
                                                            app_id=app_id, app_version=end))
     summary.seconds = time.monotonic() - started

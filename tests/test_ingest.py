@@ -84,6 +84,7 @@ def test_corrupt_store_keeps_intact_records(spark, golden_store, golden_records,
     found = _rows(lake, "corrupt_records").to_pylist()
     assert sorted((r["offset"], r["reason"].split(":")[0]) for r in found) == sorted([
         (victim["phyOffset"], "bad_magic"), (golden_records[200]["phyOffset"], "crc_mismatch")])
+    assert {r["file"] for r in found} == {str(seg.resolve())}  # both kinds name the file the same way
 
 
 def test_tables_read_the_same_with_spark_deltalake_and_duckdb(spark, lake):

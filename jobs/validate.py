@@ -1,0 +1,94 @@
+"""spark-submit entry: Great Expectations suites over the lake's Delta tables (data quality).
+
+    spark-submit jobs/validate.py --lake LAKE_DIR [--store [NAME=]PATH ...] [--tables a,b] [--broker NAME] [--skew-ms N]
+    rocketlake validate --lake LAKE_DIR ...          # the same, with a local Spark session
+
+With ``--store``, first ingests those stores into the lake (incremental, cheap when nothing is new),
+so "validate after ingest" is one command. Then runs each table's suite (see
+:mod:`pipelines.quality.suites`; tables not in the lake yet are skipped), prints one line per table
+and where the results and the Data Docs are (``<lake>/_quality``). Exit 1 when a critical
+expectation failed (or a table could not be validated); non-critical failures are WARNING lines and
+exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, when not installed
+
+
+def _tables(text: str) -> list[str]:
+    from pipelines.quality.suites import ALL_TABLES
+
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in names if t not in ALL_TABLES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown table(s) {', '.join(unknown) or repr(text)}; "
+                                         f"choose from {', '.join(ALL_TABLES)}")
+    return names
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from pipelines.job_args import add_store_lake_args
+    from pipelines.quality.suites import DEFAULT_SKEW_MS
+
+    ap = argparse.ArgumentParser(prog="validate.py", description=__doc__.split("\n\n")[0])
+    add_store_lake_args(ap, store_required=False)
+    ap.add_argument("--tables", type=_tables, default=None, metavar="A,B",
+                    help="validate only these tables (default: all; absent ones are skipped)")
+    ap.add_argument("--broker", default=None, metavar="NAME", help="validate only this broker's rows")
+    ap.add_argument("--skew-ms", type=_non_negative, default=DEFAULT_SKEW_MS,
+                    help=f"born/store clock skew allowed for messages, ms (default {DEFAULT_SKEW_MS})")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)  # per-save INFO lines drown ours
+    from pyspark.sql import SparkSession
+
+    from pipelines.job_args import parse_stores
+    from pipelines.quality.runner import SUMMARY_FILE, validate_lake
+    from pipelines.session import build_session
+
+    stores = parse_stores(ap, args.store)
+    # in-process callers (``rocketlake validate`` from a program, tests) may already have a session:
+    # use it and leave it running; stop only a session this job started
+    owned = SparkSession.getActiveSession() is None
+    spark = build_session("rocketlake-validate", args.master)
+    try:
+        if stores:
+            from pipelines.ingest import ingest
+
+            for summary in ingest(spark, stores, args.lake):
+                print(f"ingest {summary.line()}", flush=True)
+        quality = validate_lake(spark, args.lake, tables=args.tables, broker=args.broker, skew_ms=args.skew_ms)
+    finally:
+        if owned:
+            spark.stop()
+    for line in quality.lines():
+        print(line)
+    print(f"results: {Path(quality.results_dir) / SUMMARY_FILE}")
+    print(f"data docs: {quality.data_docs_index}")
+    print(f"validate {quality.run_id}: {quality.verdict()}", flush=True)
+    return quality.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
