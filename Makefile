@@ -24,15 +24,30 @@ java-check:
 test: venv java-check
 	$(BIN)/python -m pytest -q
 
+SUBMIT = SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON=$(CURDIR)/$(BIN)/python $(BIN)/spark-submit --master 'local[2]' \
+	--conf spark.ui.showConsoleProgress=false
+DEMO_STORE := --store broker-a=$(DEMO_DIR)/broker-store --lake $(DEMO_DIR)/lake
+
 demo: venv java-check
 	rm -rf $(DEMO_DIR)
+	$(BIN)/python -m broker.demo_traffic --start $(DEMO_DIR)/broker-store
+	@echo "== consumer lag after the first round of traffic (snapshot 1)"
+	$(SUBMIT) jobs/consumer_lag.py $(DEMO_STORE) --group demo-lags 2>$(DEMO_DIR)/lag-1.log
+	@echo "== a second round of traffic on the same store"
 	$(BIN)/python -m broker.demo_traffic --start $(DEMO_DIR)/broker-store
 	$(BIN)/rocketlake store verify $(DEMO_DIR)/broker-store --message-delay-level "$(DEMO_DELAY_LEVELS)"
 	$(BIN)/rocketlake store queues $(DEMO_DIR)/broker-store --topic Orders
 	$(BIN)/rocketlake store messages $(DEMO_DIR)/broker-store --topic %DLQ%demo-fails --limit 3 --format table
-	SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON=$(CURDIR)/$(BIN)/python $(BIN)/spark-submit --master 'local[2]' \
-		--conf spark.ui.showConsoleProgress=false jobs/ingest_commitlog.py \
-		--store broker-a=$(DEMO_DIR)/broker-store --lake $(DEMO_DIR)/lake 2>$(DEMO_DIR)/ingest.log | grep '^ingest'
+	@echo "== ingest into Delta tables under $(DEMO_DIR)/lake"
+	$(SUBMIT) jobs/ingest_commitlog.py $(DEMO_STORE) 2>$(DEMO_DIR)/ingest.log | grep '^ingest'
+	@echo "== consumer lag (snapshot 2), status, and the lag plot $(DEMO_DIR)/lag.png"
+	$(SUBMIT) jobs/consumer_lag.py $(DEMO_STORE) --group demo-lags --plot $(DEMO_DIR)/lag.png 2>$(DEMO_DIR)/lag-2.log
+	@echo "== dead-letter queue summary"
+	$(SUBMIT) jobs/dlq_report.py $(DEMO_STORE) --no-ingest 2>$(DEMO_DIR)/dlq.log
+	@echo "== store audit"
+	$(SUBMIT) jobs/audit.py $(DEMO_STORE) --no-ingest 2>$(DEMO_DIR)/audit.log
+	@echo "== data quality (Great Expectations)"
+	$(SUBMIT) jobs/validate.py --lake $(DEMO_DIR)/lake 2>$(DEMO_DIR)/validate.log
 	$(BIN)/rocketlake store generate $(DEMO_DIR)/store --messages 20000 --topics 4 --queues 4 --seed 7 --segment-bytes 4M --index-slots 5000
 	$(BIN)/rocketlake store verify $(DEMO_DIR)/store
 	$(BIN)/rocketlake store queues $(DEMO_DIR)/store
