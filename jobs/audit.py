@@ -16,7 +16,6 @@ code, so a scheduler does not retry a run that worked). 2 for bad arguments.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -24,33 +23,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, when n
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipelines.job_args import add_store_lake_args
+    from pipelines.job_args import add_no_ingest_arg, add_store_lake_args
 
     ap = argparse.ArgumentParser(prog="audit.py", description=__doc__.split("\n\n")[0])
     add_store_lake_args(ap)
-    ap.add_argument("--no-ingest", action="store_true",
-                    help="audit the Delta tables as they are, without ingesting what is new first")
+    add_no_ingest_arg(ap)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from pyspark.sql import SparkSession
-
-    from pipelines.job_args import parse_stores
+    from pipelines.job_args import configure_job_logging, job_session, parse_stores
     from pipelines.reports.audit import KINDS, run_audit
-    from pipelines.session import build_session
+
+    configure_job_logging()
 
     stores = parse_stores(ap, args.store)
-    existing = SparkSession.getActiveSession()  # in-process callers keep their session
-    spark = build_session("rocketlake-audit", args.master)
-    try:
+    with job_session("rocketlake-audit", args.master) as spark:
         result = run_audit(spark, stores, args.lake, ingest_first=not args.no_ingest)
-    finally:
-        if existing is None:
-            spark.stop()
     counts = result.counts()
     width = max(len(k) for k in KINDS)
     for kind in KINDS:

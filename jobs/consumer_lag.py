@@ -23,7 +23,6 @@ runs in Spark and only the per-snapshot, per-topic aggregate reaches the driver 
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import sys
 from datetime import datetime, timezone
@@ -154,28 +153,20 @@ def plot(ap: argparse.ArgumentParser, args: argparse.Namespace, spark) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from pipelines.job_args import parse_stores
+    from pipelines.job_args import configure_job_logging, job_session, parse_stores
+
+    configure_job_logging()
 
     stores = parse_stores(ap, args.store)
     _check_args(ap, args, stores)
     thresholds = _thresholds(ap, args)
     snapshot_ts = _snapshot_ts(ap, args.snapshot_ts)
 
-    from pyspark.sql import SparkSession
-
-    from pipelines.session import build_session
-
-    owned = SparkSession.getActiveSession() is None  # leave a caller's session (tests, notebooks) running
-    spark = build_session("rocketlake-consumer-lag", args.master)
-    try:
+    with job_session("rocketlake-consumer-lag", args.master) as spark:
         if stores:
             take_snapshot(args, stores, snapshot_ts, thresholds)
         if args.plot:
             plot(ap, args, spark)
-    finally:
-        if owned:
-            spark.stop()
     return 0
 
 

@@ -11,7 +11,6 @@ column means). Prints the dlq_summary rows as a table and a one-line total.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -26,12 +25,11 @@ SUMMARY_COLUMNS = [  # (header, dlq_summary column)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipelines.job_args import add_store_lake_args
+    from pipelines.job_args import add_no_ingest_arg, add_store_lake_args
 
     ap = argparse.ArgumentParser(prog="dlq_report.py", description=__doc__.split("\n\n")[0])
     add_store_lake_args(ap)
-    ap.add_argument("--no-ingest", action="store_true",
-                    help="use the messages table as it is (do not ingest new records first)")
+    add_no_ingest_arg(ap)
     return ap
 
 
@@ -65,28 +63,19 @@ def total_line(report, brokers: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from pyspark.sql import SparkSession
-
     from pipelines.ingest import ingest
-    from pipelines.job_args import parse_stores
+    from pipelines.job_args import configure_job_logging, job_session, parse_stores
     from pipelines.reports.dlq import run_dlq_report
-    from pipelines.session import build_session
+
+    configure_job_logging()
 
     stores = parse_stores(ap, args.store)
     brokers = [s.name for s in stores]
-    # in-process callers (``rocketlake dlq`` from a program, tests) may already have a session:
-    # use it and leave it running; stop only a session this job started
-    owned = SparkSession.getActiveSession() is None
-    spark = build_session("rocketlake-dlq", args.master)
-    try:
+    with job_session("rocketlake-dlq", args.master) as spark:
         if not args.no_ingest:
             for summary in ingest(spark, stores, args.lake):
                 print(f"ingest {summary.line()}", flush=True)
         report = run_dlq_report(spark, args.lake, brokers)
-    finally:
-        if owned:
-            spark.stop()
     print(format_summary(report.summary.to_pylist()))
     print(total_line(report, brokers), flush=True)
     return 0

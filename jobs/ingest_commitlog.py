@@ -8,7 +8,6 @@ Incremental and exactly-once (see :mod:`pipelines.ingest`); ends with one summar
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -30,20 +29,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from pipelines.ingest import ingest
-    from pipelines.job_args import parse_stores
-    from pipelines.session import build_session
+    from pipelines.job_args import configure_job_logging, job_session, parse_stores
+
+    configure_job_logging()
 
     stores = parse_stores(ap, args.store)
     if args.split_bytes <= 0:
         ap.error("--split-bytes must be > 0")
-    spark = build_session("rocketlake-ingest", args.master)
-    try:
+    with job_session("rocketlake-ingest", args.master) as spark:
         for summary in ingest(spark, stores, args.lake, split_bytes=args.split_bytes, until_offset=args.until_offset):
             print(f"ingest {summary.line()}", flush=True)
-    finally:
-        spark.stop()
     return 0
 
 

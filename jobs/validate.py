@@ -59,29 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)  # per-save INFO lines drown ours
-    from pyspark.sql import SparkSession
-
-    from pipelines.job_args import parse_stores
+    from pipelines.job_args import configure_job_logging, job_session, parse_stores
     from pipelines.quality.runner import SUMMARY_FILE, validate_lake
-    from pipelines.session import build_session
+
+    configure_job_logging()
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)  # per-save INFO lines drown ours
 
     stores = parse_stores(ap, args.store)
-    # in-process callers (``rocketlake validate`` from a program, tests) may already have a session:
-    # use it and leave it running; stop only a session this job started
-    owned = SparkSession.getActiveSession() is None
-    spark = build_session("rocketlake-validate", args.master)
-    try:
+    with job_session("rocketlake-validate", args.master) as spark:
         if stores:
             from pipelines.ingest import ingest
 
             for summary in ingest(spark, stores, args.lake):
                 print(f"ingest {summary.line()}", flush=True)
         quality = validate_lake(spark, args.lake, tables=args.tables, broker=args.broker, skew_ms=args.skew_ms)
-    finally:
-        if owned:
-            spark.stop()
     for line in quality.lines():
         print(line)
     print(f"results: {Path(quality.results_dir) / SUMMARY_FILE}")

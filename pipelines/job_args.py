@@ -7,9 +7,15 @@ report jobs, so ``spark-submit jobs/<any>.py`` and ``rocketlake <any>`` read the
 from __future__ import annotations
 
 import argparse
+import logging
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 DEFAULT_BROKER_NAME = "broker-a"
 _BROKER_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -56,3 +62,30 @@ def parse_stores(ap: argparse.ArgumentParser, values: list[str]) -> list[StoreSp
     if dupes:
         ap.error(f"--store: broker name(s) {', '.join(dupes)} given more than once")
     return specs
+
+
+def add_no_ingest_arg(ap: argparse.ArgumentParser) -> None:
+    """``--no-ingest`` for the report jobs that read the ingested tables."""
+    ap.add_argument("--no-ingest", action="store_true",
+                    help="use the Delta tables as they are, without ingesting what is new in the stores first")
+
+
+def configure_job_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@contextmanager
+def job_session(app_name: str, master: str | None) -> Iterator["SparkSession"]:
+    """The job's SparkSession; stopped at the end only if the job created it, so a caller that runs
+    a job in-process (``rocketlake <job>`` from a test or a notebook) keeps its own session."""
+    from pyspark.sql import SparkSession
+
+    from pipelines.session import build_session
+
+    owned = SparkSession.getActiveSession() is None
+    spark = build_session(app_name, master)
+    try:
+        yield spark
+    finally:
+        if owned:
+            spark.stop()

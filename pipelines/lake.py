@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import pyarrow as pa
 
@@ -81,6 +82,45 @@ def _recorded_app_version(lake_dir, name, app_id) -> int | None:
     return DeltaTable(path).transaction_version(app_id)
 
 
+def already_recorded(lake_dir: str | os.PathLike, name: str, app_id: str | None, app_version: int | None,
+                     engine: str) -> WriteResult | None:
+    """The "skipped" result when the table already records ``app_version`` (or later) for
+    ``app_id``; None when the write should go ahead. Raises when only one of the two is given."""
+    if (app_id is None) != (app_version is None):
+        raise ValueError("app_id and app_version go together")
+    if app_id is None:
+        return None
+    seen = _recorded_app_version(lake_dir, name, app_id)
+    if seen is None or seen < app_version:
+        return None
+    return WriteResult(table_path(lake_dir, name), engine, committed=False, skipped=True,
+                       version=table_version(lake_dir, name), num_files=0, num_rows=0,
+                       reason=f"appId {app_id!r} already at version {seen} >= {app_version}")
+
+
+@contextmanager
+def writer_result_file() -> Iterator[str]:
+    """A path for :class:`pipelines.delta_writer.DeltaArrowWriter`'s ``resultFile`` report (its commit
+    may run in another process), removed afterwards."""
+    fd, result_file = tempfile.mkstemp(prefix="rocketlake-delta-", suffix=".json")
+    os.close(fd)
+    os.remove(result_file)
+    try:
+        yield result_file
+    finally:
+        if os.path.exists(result_file):
+            os.remove(result_file)
+
+
+def read_writer_result(path: str, result_file: str) -> WriteResult:
+    """The WriteResult of a delta-rs write job from its report file."""
+    with open(result_file, encoding="utf-8") as fh:
+        result = json.load(fh)
+    return WriteResult(path, "delta-rs", committed=result["committed"], skipped=result["skipped"],
+                       version=result.get("version"), num_files=result.get("num_files"),
+                       num_rows=result.get("num_rows"), reason=result.get("reason"))
+
+
 def write_table(df, lake_dir: str | os.PathLike, name: str, *, partition_by: Iterable[str] = (),
                 app_id: str | None = None, app_version: int | None = None,
                 schema: pa.Schema | None = None, mode: str = "append",
@@ -106,12 +146,9 @@ def write_table(df, lake_dir: str | os.PathLike, name: str, *, partition_by: Ite
         engine = "delta-spark" if delta_spark_available(spark) else "delta-rs"
 
     # cheap early skip (the delta-rs commit checks again, atomically enough for one writer per appId)
-    if app_id is not None:
-        seen = _recorded_app_version(lake_dir, name, app_id)
-        if seen is not None and seen >= app_version:
-            return WriteResult(path, engine, committed=False, skipped=True,
-                               version=table_version(lake_dir, name), num_files=0, num_rows=0,
-                               reason=f"appId {app_id!r} already at version {seen} >= {app_version}")
+    skipped = already_recorded(lake_dir, name, app_id, app_version, engine)
+    if skipped is not None:
+        return skipped
 
     if engine == "delta-spark":
         return _write_delta_spark(df, path, partition_by, app_id, app_version, schema, mode)
@@ -123,10 +160,7 @@ def write_table(df, lake_dir: str | os.PathLike, name: str, *, partition_by: Ite
 def _write_delta_rs(df, path, partition_by, app_id, app_ver, schema, mode) -> WriteResult:
     delta_writer.register(df.sparkSession)
     os.makedirs(path, exist_ok=True)
-    fd, result_file = tempfile.mkstemp(prefix="rocketlake-delta-", suffix=".json")
-    os.close(fd)
-    os.remove(result_file)
-    try:
+    with writer_result_file() as result_file:
         writer = (df.write.format(delta_writer.FORMAT_NAME).mode(mode)
                   .option("partitionBy", json.dumps(partition_by))
                   .option("resultFile", result_file))
@@ -135,14 +169,7 @@ def _write_delta_rs(df, path, partition_by, app_id, app_ver, schema, mode) -> Wr
         if app_id is not None:
             writer = writer.option("appId", app_id).option("appVersion", str(int(app_ver)))
         writer.save(path)
-        with open(result_file, encoding="utf-8") as fh:
-            result = json.load(fh)
-    finally:
-        if os.path.exists(result_file):
-            os.remove(result_file)
-    return WriteResult(path, "delta-rs", committed=result["committed"], skipped=result["skipped"],
-                       version=result.get("version"), num_files=result.get("num_files"),
-                       num_rows=result.get("num_rows"), reason=result.get("reason"))
+        return read_writer_result(path, result_file)
 
 
 def _write_delta_spark(df, path, partition_by, app_id, app_ver, schema, mode) -> WriteResult:
@@ -174,15 +201,10 @@ def append_arrow(lake_dir: str | os.PathLike, name: str, table: pa.Table, *, par
     """
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-    if (app_id is None) != (app_version is None):
-        raise ValueError("app_id and app_version go together")
+    skipped = already_recorded(lake_dir, name, app_id, app_version, "delta-rs")
+    if skipped is not None:
+        return skipped
     path = table_path(lake_dir, name)
-    if app_id is not None:
-        seen = _recorded_app_version(lake_dir, name, app_id)
-        if seen is not None and seen >= app_version:
-            return WriteResult(path, "delta-rs", committed=False, skipped=True,
-                               version=table_version(lake_dir, name), num_files=0, num_rows=0,
-                               reason=f"appId {app_id!r} already at version {seen} >= {app_version}")
     props = CommitProperties(app_transactions=[Transaction(app_id, app_version)] if app_id else None,
                              custom_metadata={"rocketlake.writer": "append_arrow"})
     write_deltalake(path, table, mode="append", partition_by=list(partition_by) or None, commit_properties=props)

@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from typing import Iterable, Iterator
@@ -29,7 +28,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from pipelines.delta_writer import AddInfo, DeltaArrowWriter, DeltaCommitMessage
-from pipelines.lake import WriteResult, app_version as recorded_app_version, table_path, table_version
+from pipelines.lake import WriteResult, already_recorded, read_writer_result, table_path, writer_result_file
 
 log = logging.getLogger(__name__)
 
@@ -67,25 +66,24 @@ def write_partitions(spark, reader: DataSourceReader, lake_dir: str | os.PathLik
     ``app_id``/``app_version``: as :func:`pipelines.lake.write_table` (skipped when already recorded).
     Each task logs one progress line: partition i/n, what it covered, rows, seconds.
     """
-    if (app_id is None) != (app_version is None):
-        raise ValueError("app_id and app_version go together")
+    skipped = already_recorded(lake_dir, name, app_id, app_version, "delta-rs")
+    if skipped is not None:
+        return skipped
     path = table_path(lake_dir, name)
-    if app_id is not None:
-        seen = recorded_app_version(lake_dir, name, app_id)
-        if seen is not None and seen >= app_version:
-            return WriteResult(path, "delta-rs", committed=False, skipped=True,
-                               version=table_version(lake_dir, name), num_files=0, num_rows=0,
-                               reason=f"appId {app_id!r} already at version {seen} >= {app_version}")
     parts = [p for p in reader.partitions() if type(p) is not InputPartition]  # noqa: E721 (the empty marker)
     os.makedirs(path, exist_ok=True)
-    fd, result_file = tempfile.mkstemp(prefix="rocketlake-delta-", suffix=".json")
-    os.close(fd)
-    os.remove(result_file)
-    writer = DeltaArrowWriter(table_dir=path, arrow_schema=schema, partition_by=list(partition_by),
+    with writer_result_file() as result_file:
+        return _run(spark, reader, parts, path, result_file, schema=schema, partition_by=list(partition_by),
+                    app_id=app_id, app_version=app_version, offset_range=offset_range, label=label or name)
+
+
+def _run(spark, reader: DataSourceReader, parts: list[InputPartition], path: str, result_file: str, *,
+         schema: pa.Schema, partition_by: list[str], app_id: str | None, app_version: int | None,
+         offset_range: tuple[str, int, int] | None, label: str) -> WriteResult:
+    writer = DeltaArrowWriter(table_dir=path, arrow_schema=schema, partition_by=partition_by,
                               overwrite=False, app_id=app_id, app_version=app_version,
                               result_file=result_file, custom_metadata=None,
                               rows_per_file=1_000_000)
-    label = label or name
     total = len(parts)
 
     def produce(part: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -107,8 +105,8 @@ def write_partitions(spark, reader: DataSourceReader, lake_dir: str | os.PathLik
                          _describe(part), rows, len(message.files), time.monotonic() - t0)
                 yield pa.RecordBatch.from_pydict({"commit_message": [json.dumps(asdict(message))]})
 
+    messages: list[DeltaCommitMessage] = []
     try:
-        messages: list[DeltaCommitMessage] = []
         if parts:
             rows = spark.range(0, total, 1, total).mapInArrow(task, _RESULT_SCHEMA).collect()
             for row in rows:
@@ -117,16 +115,6 @@ def write_partitions(spark, reader: DataSourceReader, lake_dir: str | os.PathLik
                 messages.append(DeltaCommitMessage(files=files, **data))
     except BaseException:
         writer.abort([])  # removes every file of this job, also from tasks that never reported
-        if os.path.exists(result_file):
-            os.remove(result_file)
         raise
-    try:
-        writer.commit(messages)
-        with open(result_file, encoding="utf-8") as fh:
-            result = json.load(fh)
-    finally:
-        if os.path.exists(result_file):
-            os.remove(result_file)
-    return WriteResult(path, "delta-rs", committed=result["committed"], skipped=result["skipped"],
-                       version=result.get("version"), num_files=result.get("num_files"),
-                       num_rows=result.get("num_rows"), reason=result.get("reason"))
+    writer.commit(messages)
+    return read_writer_result(path, result_file)
