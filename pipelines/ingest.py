@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import mmap
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -32,12 +31,12 @@ import pyarrow.compute as pc
 from broker.store.commitlog import CommitLog
 from broker.store.constants import COMMITLOG_DIR
 from broker.store.consume_queue import ConsumeQueue, list_queues
-from broker.store.record_scan import scan_records
 from pipelines.job_args import StoreSpec
 from pipelines.lake import app_version, append_arrow, delta_spark_available, scan_arrow, write_table
-from pipelines.partition_writer import write_partitions
+from pipelines.partition_writer import collect_partitions, write_partitions
 from pipelines.sources import register_sources
 from pipelines.sources.rocketmq import (
+    CommitLogFindingsReader,
     RocketMQConsumeQueueDataSource,
     RocketMQDataSource,
     RocketMQIndexDataSource,
@@ -95,26 +94,18 @@ def dispatched_end(store: str) -> int:
     return end
 
 
-def scan_findings(store: str, broker: str, start: int, end: int, run_id: str) -> pa.Table:
-    """Structural findings (corrupt regions, torn tails, bad sizes) of the walk over ``[start, end)``."""
-    log_ = CommitLog.open(os.path.abspath(store))
-    rows = [(broker, f.file, f.offset, f"{f.kind}: {f.detail}", f.bytes_skipped, run_id)
-            for f in log_.findings if start == 0]
-    for seg in log_.segments:
-        lo, hi = max(start, seg.base), min(end, seg.base + log_.segment_size)
-        if lo >= hi:
-            continue
-        buf = seg.open()
-        try:
-            scan = scan_records(buf, seg.base, log_.segment_size, lo - seg.base, hi - seg.base, str(seg.path),
-                                search_first=lo != seg.base)
-            rows += [(broker, f.file, f.offset, f"{f.kind}: {f.detail}", f.bytes_skipped, run_id)
-                     for f in scan.findings]
-        finally:
-            if isinstance(buf, mmap.mmap):
-                buf.close()
-    return pa.Table.from_pylist([dict(zip(CORRUPT_RECORDS_SCHEMA.names, r)) for r in rows],
-                                schema=CORRUPT_RECORDS_SCHEMA)
+def scan_findings(spark, store: str, broker: str, start: int, end: int, run_id: str) -> pa.Table:
+    """Structural findings (corrupt regions, torn tails, bad sizes) of the walk over ``[start, end)``,
+    one Spark task per segment, plus the commitlog's file-level findings on the first run."""
+    root = store if "://" in store else os.path.abspath(store)
+    reader = CommitLogFindingsReader({"path": root, "brokerName": broker, "fromOffset": str(start),
+                                      "untilOffset": str(end), "ingestRunId": run_id})
+    found = collect_partitions(spark, reader, CORRUPT_RECORDS_SCHEMA)
+    if start == 0 and "://" not in store:
+        rows = [{"broker_name": broker, "file": f.file, "offset": f.offset, "reason": f"{f.kind}: {f.detail}",
+                 "bytes_skipped": f.bytes_skipped, "ingest_run_id": run_id} for f in CommitLog.open(root).findings]
+        found = pa.concat_tables([pa.Table.from_pylist(rows, schema=CORRUPT_RECORDS_SCHEMA), found])
+    return found
 
 
 def crc_findings(lake: str, broker: str, start: int, end: int, run_id: str, store: str) -> pa.Table:
@@ -206,7 +197,7 @@ def ingest_store(spark, spec: StoreSpec, lake: str, *, split_bytes: int = DEFAUL
             write_source(name, source, {}, cq_end, marks[name], schema=schema, partition_by=["broker_name"])
     if end > marks[CORRUPT_RECORDS_TABLE]:
         lo = marks[CORRUPT_RECORDS_TABLE]
-        found = pa.concat_tables([scan_findings(spec.path, spec.name, lo, end, run_id),
+        found = pa.concat_tables([scan_findings(spark, spec.path, spec.name, lo, end, run_id),
                                   crc_findings(lake, spec.name, lo, end, run_id, spec.path)])
         record(CORRUPT_RECORDS_TABLE, lambda: append_arrow(lake, CORRUPT_RECORDS_TABLE, found, partition_by=["broker_name"],
                                                            app_id=app_id, app_version=end))

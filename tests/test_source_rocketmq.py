@@ -280,3 +280,20 @@ def test_pushdown_off_makes_reuse_safe(rmq, golden_store):
     assert "Filter" in filtered._jdf.queryExecution().optimizedPlan().toString()  # Spark filters
     assert filtered.count() == 636
     assert df.count() == 2001
+
+
+def test_findings_format_reports_each_damaged_region_once(rmq, golden_store, golden_records, tmp_path):
+    import shutil
+
+    store = tmp_path / "store"
+    shutil.copytree(golden_store, store)
+    seg = store / "commitlog" / "00000000000000000000"
+    a, b = golden_records[50]["phyOffset"], golden_records[53]["phyOffset"]
+    data = bytearray(seg.read_bytes())
+    data[a:b] = bytes(b - a)  # three records zeroed
+    seg.write_bytes(bytes(data))
+    rows = [r.asDict() for r in _load(rmq, store, "rocketmq_findings", brokerName="b9", ingestRunId="r1").collect()]
+    assert [(r["broker_name"], r["file"], r["offset"], r["reason"].split(":")[0], r["bytes_skipped"],
+             r["ingest_run_id"]) for r in rows] == [("b9", str(seg), a, "corrupt_region", b - a, "r1")]
+    # an offset range after the damage finds nothing
+    assert _load(rmq, store, "rocketmq_findings", fromOffset=b).count() == 0

@@ -1,6 +1,6 @@
 """Spark Python Data Sources over a RocketMQ broker store (PySpark 4 ``pyspark.sql.datasource``).
 
-Three formats, registered together by :func:`register_sources`:
+Four formats, registered together by :func:`register_sources`:
 
 ``rocketmq``
     one row per CommitLog message record, ``schemas.messages.MESSAGES_SCHEMA``::
@@ -26,6 +26,9 @@ Three formats, registered together by :func:`register_sources`:
 ``rocketmq_index``
     the entries of every index file (``INDEX_ENTRIES_SCHEMA``), one task per file;
     ``store_timestamp`` = header beginTimestamp + timeDiff seconds.
+
+``rocketmq_findings``
+    structural findings of the commitlog walk (``CORRUPT_RECORDS_SCHEMA``), one task per segment.
 
 The store path may be a local directory (segments are mmapped) or a ``pyarrow.fs`` URI
 (``s3://…``, ``gs://``, ``hdfs://``, ``file://``): such commitlog segments are read whole into
@@ -70,6 +73,7 @@ from pyspark.sql.datasource import (
 
 from broker.store.columnar import DecodeFilter, DecodeStats, iter_decode
 from broker.store.commitlog import infer_segment_size, list_segments, Segment
+from broker.store.record_scan import scan_records
 from broker.store.constants import (
     COMMITLOG_DIR,
     CONSUME_QUEUE_DIR,
@@ -81,7 +85,7 @@ from broker.store.constants import (
 from broker.store.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from schemas.messages import MESSAGES_SCHEMA, RECORD_SCHEMA
 from schemas.spark import spark_ddl
-from schemas.tables import CONSUME_QUEUE_SCHEMA, INDEX_ENTRIES_SCHEMA
+from schemas.tables import CONSUME_QUEUE_SCHEMA, CORRUPT_RECORDS_SCHEMA, INDEX_ENTRIES_SCHEMA
 
 DEFAULT_BROKER_NAME = "broker-a"
 DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024
@@ -686,7 +690,65 @@ class RocketMQIndexDataSource(DataSource):
         return IndexReader(self.options)
 
 
-SOURCES = (RocketMQDataSource, RocketMQConsumeQueueDataSource, RocketMQIndexDataSource)
+# ---- commitlog findings ------------------------------------------------------------------------------
+
+class CommitLogFindingsReader(DataSourceReader):
+    """Structural findings of the commitlog walk (corrupt regions, torn tails, bad sizes), one task
+    per segment, as CORRUPT_RECORDS_SCHEMA rows. Options: ``brokerName``, ``fromOffset`` /
+    ``untilOffset`` (walk only records starting there), ``ingestRunId``, ``segmentSize``.
+
+    Why per segment and not per split: the walk is cheap (no column building), and a segment's
+    walk reports each corrupt region exactly once without any rule for regions crossing splits."""
+
+    def __init__(self, options) -> None:
+        self.store_path = _store_path(options)
+        self.broker_name = options.get("brokerName") or DEFAULT_BROKER_NAME
+        self.from_offset = _opt_int(options, "fromOffset", None)
+        self.until_offset = _opt_int(options, "untilOffset", None)
+        self.segment_size = _opt_int(options, "segmentSize", None)
+        self.ingest_run_id = options.get("ingestRunId")
+
+    def partitions(self) -> list[InputPartition]:
+        segments, segment_size = list_commitlog(self.store_path, self.segment_size)
+        splits = _splits_for(segments, segment_size, segment_size, self.from_offset, self.until_offset,
+                             self.store_path if _is_remote(self.store_path) else None)
+        return list(splits) or [InputPartition(None)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, CommitLogSplit):
+            return iter(())
+        return self._read(partition)
+
+    def _read(self, split: CommitLogSplit) -> Iterator[pa.RecordBatch]:
+        buf = _open_segment(split)
+        try:
+            scan = scan_records(buf, split.base, split.segment_size, split.start, split.end, split.path,
+                                search_first=split.start != 0)
+        finally:
+            if isinstance(buf, mmap.mmap):
+                buf.close()
+        if scan.findings:
+            yield pa.RecordBatch.from_pylist([
+                {"broker_name": self.broker_name, "file": f.file, "offset": f.offset,
+                 "reason": f"{f.kind}: {f.detail}", "bytes_skipped": f.bytes_skipped,
+                 "ingest_run_id": self.ingest_run_id} for f in scan.findings], schema=CORRUPT_RECORDS_SCHEMA)
+
+
+class RocketMQFindingsDataSource(DataSource):
+    """``spark.read.format("rocketmq_findings")``: structural findings of the commitlog walk."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rocketmq_findings"
+
+    def schema(self) -> str:
+        return spark_ddl(CORRUPT_RECORDS_SCHEMA)
+
+    def reader(self, schema) -> DataSourceReader:
+        return CommitLogFindingsReader(self.options)
+
+
+SOURCES = (RocketMQDataSource, RocketMQConsumeQueueDataSource, RocketMQIndexDataSource, RocketMQFindingsDataSource)
 
 
 def register_sources(spark) -> None:
