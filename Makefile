@@ -33,8 +33,8 @@ demo: venv java-check
 	$(BIN)/python -m broker.demo_traffic --start $(DEMO_DIR)/broker-store
 	@echo "== consumer lag after the first round of traffic (snapshot 1)"
 	$(SUBMIT) jobs/consumer_lag.py $(DEMO_STORE) --group demo-lags 2>$(DEMO_DIR)/lag-1.log
-	@echo "== a second round of traffic on the same store"
-	$(BIN)/python -m broker.demo_traffic --start $(DEMO_DIR)/broker-store
+	@echo "== a second, larger round of traffic on the same store (demo-lags falls further behind)"
+	$(BIN)/python -m broker.demo_traffic --start $(DEMO_DIR)/broker-store --orders 700
 	$(BIN)/rocketlake store verify $(DEMO_DIR)/broker-store --message-delay-level "$(DEMO_DELAY_LEVELS)"
 	$(BIN)/rocketlake store queues $(DEMO_DIR)/broker-store --topic Orders
 	$(BIN)/rocketlake store messages $(DEMO_DIR)/broker-store --topic %DLQ%demo-fails --limit 3 --format table

@@ -395,3 +395,33 @@ def test_entries_are_copies(tmp_path):
     f.close()  # the map can close while the rows live on
     assert rows.tolist() == [(1, index_key_hash("T#a"), 1, 0, 0)]
     assert isinstance(rows, np.ndarray)
+
+
+def test_complete_record_finishes_a_half_indexed_record(tmp_path):
+    # a crash between two puts of one record: UNIQ_KEY on disk, the KEYS tokens not
+    with CommitLogWriter(tmp_path, segment_size=1 << 16) as writer:
+        put = writer.append(_record("T", {"KEYS": "k1 k2", "UNIQ_KEY": "U9"}), 1_700_000_000_000)
+    rec, log_ = put.record, CommitLog.open(tmp_path)
+    with IndexService(tmp_path, 16, 64) as service:
+        assert service.build_index("T", None, "U9", rec.physical_offset, rec.store_timestamp) == 1
+    with IndexService(tmp_path, 16, 64) as service:
+        assert service.complete_record(rec) == 2
+        assert service.complete_record(rec) == 0  # nothing missing any more
+        for key in ("U9", "k1", "k2"):
+            assert service.query("T", key, 0, LONG_MAX, log_) == [rec.physical_offset], key
+        assert len(service.files[-1].entries()) == 3  # no entry twice
+
+
+def test_complete_record_counts_entries_across_a_roll(tmp_path):
+    # 4 entries per file (3 usable): UNIQ_KEY and k1 fill the first file with another record's entry
+    with CommitLogWriter(tmp_path, segment_size=1 << 16) as writer:
+        first = writer.append(_record("T", {"KEYS": "a0"}), 1_700_000_000_000).record
+        rec = writer.append(_record("T", {"KEYS": "k1 k2 k3", "UNIQ_KEY": "U9"}), 1_700_000_000_001).record
+    log_ = CommitLog.open(tmp_path)
+    with IndexService(tmp_path, 4, 4) as service:
+        service.dispatch(first)
+        assert service.build_index("T", "k1 k2", "U9", rec.physical_offset, rec.store_timestamp) == 3
+        assert len(service.files) == 2
+    with IndexService(tmp_path, 4, 4) as service:
+        assert service.complete_record(rec) == 1
+        assert service.query("T", "k3", 0, LONG_MAX, log_) == [rec.physical_offset]

@@ -405,11 +405,25 @@ class Dispatcher:
         self.index = IndexService(store_dir, settings.index_slots, settings.index_entries, clock=clock)
         self.index_lock = threading.Lock()  # IndexService is not thread-safe; queries take it too
         self._index_watermark = _index_watermark(self.index)
+        if self._index_watermark >= 0:
+            self._complete_last_indexed()
         self._sync_lock = threading.Lock()
         self._dirty_files: set[Path] = set()
         self.last_store_timestamp = 0
         self._listeners: list[Callable[[str, int, int], None]] = []
         self.released = False  # writers handed to an external dispatcher process
+
+    def _complete_last_indexed(self) -> None:
+        """A crash between two index puts of one record leaves it half indexed at the watermark,
+        which re-dispatch never revisits: finish it now (see IndexService.complete_record)."""
+        try:
+            rec = CommitLog.open(self.store_dir, self.settings.segment_bytes).read_record(self._index_watermark)
+        except Exception as exc:  # recovery already cut the index back to the commitlog's end
+            log.warning("index: cannot read the last indexed record at %d to check it: %s", self._index_watermark, exc)
+            return
+        if isinstance(rec, MessageRecord):
+            with self.index_lock:
+                self.index.complete_record(rec)
 
     def add_listener(self, fn: Callable[[str, int, int], None]) -> None:
         """``fn(topic, queue_id, max_offset)`` after new units are readable (long polling hook)."""

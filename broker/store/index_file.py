@@ -509,6 +509,31 @@ class IndexService:
             written += 1
         return written
 
+    def complete_record(self, record: MessageRecord) -> int:
+        """Write the entries of ``record`` that are missing; returns how many were written.
+
+        For the last indexed record after a crash: the process may have died between two of its
+        puts (UNIQ_KEY written, a KEYS token not), and the dispatcher's "at or below the last
+        indexed offset" rule would then skip the record for good. Entries go in a fixed order
+        (UNIQ_KEY, then each KEYS token), so the ones on disk are a prefix of that order; counted
+        over the last two files, as a full file rolls over mid-record."""
+        if _transaction_bits(record.sys_flag) == TRANSACTION_ROLLBACK_TYPE:
+            return 0
+        props = record.properties
+        uniq = props.get(PROPERTY_UNIQ_KEY)
+        expected = ([uniq] if uniq is not None else []) + split_keys(props.get(PROPERTY_KEYS))
+        have = sum(int(np.count_nonzero(f.entries()["phy_offset"] == record.physical_offset))
+                   for f in self.files[-2:])
+        missing = expected[have:]
+        if not missing:
+            return 0
+        f = self._writable_last()
+        for key in missing:
+            f = self._put(f, build_index_key(record.topic, key), record.physical_offset, record.store_timestamp)
+        log.warning("index: completed the last indexed record at %d (%d of %d entries were missing)",
+                    record.physical_offset, len(missing), len(expected))
+        return len(missing)
+
     def dispatch(self, record: MessageRecord) -> int:
         """:meth:`build_index` for a commitlog record (stored topic, KEYS, UNIQ_KEY, sysFlag)."""
         props = record.properties
