@@ -11,26 +11,13 @@ from broker.client.consumer import allocate_averagely
 from broker.client.producer import LatencyFaultTolerance
 from broker.remoting.bodies import MessageQueue
 from broker.store.config_files import SubscriptionGroupConfig
-from tests.broker_harness import cluster
+from tests.broker_harness import cluster, drain
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     with cluster(tmp_path_factory.mktemp("client"), {"messageDelayLevel": "1s 1s 1s 1s 1s 1s"}) as b:
         yield b
-
-
-def _drain(consumer: PullConsumer, topic: str) -> list:
-    out = []
-    for mq in consumer.queues(topic):
-        offset = 0
-        while True:
-            res = consumer.pull(mq, offset)
-            if res.status is not PullStatus.FOUND:
-                break
-            out += res.messages
-            offset = res.next_begin_offset
-    return out
 
 
 def test_producer_styles_and_pull_consumer(broker):
@@ -54,7 +41,7 @@ def test_producer_styles_and_pull_consumer(broker):
         assert [r.queue_offset for r in ordered] == list(range(ordered[0].queue_offset, ordered[0].queue_offset + 5))
     time.sleep(0.5)  # oneway sends have no answer to wait for
     with PullConsumer("CG_PULL", broker.namesrv) as consumer:
-        msgs = _drain(consumer, "PyTopic")
+        msgs = drain(consumer, "PyTopic")
         by_idx = {m.properties["idx"]: m for m in msgs}
         assert sorted(by_idx, key=int) == [str(i) for i in list(range(50)) + list(range(100, 120)) +
                                            list(range(200, 210)) + list(range(300, 305)) + [400] + list(range(500, 505))]
@@ -110,7 +97,7 @@ def test_push_consumer_and_retry_to_dlq(broker):
         dlq = []
         while time.time() < deadline and len(dlq) < 10:
             try:
-                dlq = _drain(reader, "%DLQ%CG_FAIL")
+                dlq = drain(reader, "%DLQ%CG_FAIL")
             except MQClientError:
                 pass
             time.sleep(0.3)

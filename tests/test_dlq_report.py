@@ -22,7 +22,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
-from broker.client import Admin, Message, MQClientError, Producer, PullConsumer, PullStatus, PushConsumer
+from broker.client import Admin, Message, MQClientError, Producer, PullConsumer, PushConsumer
 from broker.store.config_files import SubscriptionGroupConfig
 from broker.store.constants import (
     PROPERTY_DELAY,
@@ -39,7 +39,7 @@ from pipelines.lake import replace_arrow
 from pipelines.reports.dlq import dlq_messages, dlq_summary, exact_percentile, run_dlq_report
 from schemas.messages import MESSAGES_SCHEMA
 from schemas.reports import DLQ_MESSAGES_SCHEMA, DLQ_MESSAGES_TABLE, DLQ_SUMMARY_SCHEMA, DLQ_SUMMARY_TABLE
-from tests.broker_harness import cluster
+from tests.broker_harness import cluster, drain
 
 UTC = dt.timezone.utc
 TOPIC = "DlqTopic"
@@ -49,19 +49,6 @@ N_MESSAGES = 5
 
 def _ts(ms: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(ms / 1000, UTC)
-
-
-def _drain(consumer: PullConsumer, topic: str) -> list:
-    out = []
-    for mq in consumer.queues(topic):
-        offset = 0
-        while True:
-            res = consumer.pull(mq, offset)
-            if res.status is not PullStatus.FOUND:
-                break
-            out += res.messages
-            offset = res.next_begin_offset
-    return out
 
 
 # ---- a store written by the real broker ------------------------------------------------------------
@@ -99,7 +86,7 @@ def failing_store(tmp_path_factory):
                 dead: dict[str, list] = {}
                 while time.time() < deadline and any(len(dead.get(g, [])) < N_MESSAGES for g in GROUPS):
                     try:
-                        dead = {g: _drain(reader, dlq_topic(g)) for g in GROUPS}
+                        dead = {g: drain(reader, dlq_topic(g)) for g in GROUPS}
                     except MQClientError:  # DLQ topic route not published yet
                         pass
                     time.sleep(0.2)
