@@ -163,6 +163,20 @@ class _FileStats:
                            "nullCount": dict(self.nulls)}, separators=(",", ":"))
 
 
+def _keep_views(target: pa.Schema, actual: pa.Schema) -> pa.Schema:
+    """``target`` with each ``binary``/``string`` field that arrives as its ``*_view`` type kept
+    as the view: casting a view column to the plain type copies every value, and Parquet stores
+    both types as the same column."""
+    fields = []
+    for f in target:
+        got = actual.field(f.name).type
+        if (pa.types.is_binary(f.type) and pa.types.is_binary_view(got)) or \
+                (pa.types.is_string(f.type) and pa.types.is_string_view(got)):
+            f = f.with_type(got)
+        fields.append(f)
+    return pa.schema(fields, metadata=target.metadata)
+
+
 @dataclass
 class AddInfo:
     """What the driver needs to build a deltalake ``AddAction`` for one written file."""
@@ -280,7 +294,8 @@ class DeltaArrowWriter(DataSourceArrowWriter):
                 if batch.num_rows == 0:
                     continue
                 table = pa.Table.from_batches([batch])
-                table = table.select(self.arrow_schema.names).cast(self.arrow_schema)
+                table = table.select(self.arrow_schema.names)
+                table = table.cast(_keep_views(self.arrow_schema, table.schema))
                 for values, piece in self._split(table):
                     key = tuple(values)
                     if key not in open_files:
@@ -291,9 +306,13 @@ class DeltaArrowWriter(DataSourceArrowWriter):
                         local = os.path.join(self.table_dir, *rel_disk.split("/"))
                         os.makedirs(os.path.dirname(local), exist_ok=True)
                         written.append(local)
-                        writer = pq.ParquetWriter(local, self.file_schema, compression="zstd",
+                        file_schema = pa.schema([f for f in table.schema if f.name not in self.partition_by])
+                        # a view column is stored as the same Parquet column as its plain type; the
+                        # embedded Arrow schema would name the view type, so it is left out then
+                        writer = pq.ParquetWriter(local, file_schema, compression="zstd",
                                                   use_dictionary=self._not_binary,
-                                                  write_statistics=self._not_binary)
+                                                  write_statistics=self._not_binary,
+                                                  store_schema=file_schema == self.file_schema)
                         open_files[key] = (writer, rel_disk,
                                            _FileStats(self.file_schema), values)
                         # after the file exists: a task still running when the driver aborted
@@ -302,6 +321,8 @@ class DeltaArrowWriter(DataSourceArrowWriter):
                         self._raise_if_aborted()
                     writer, _, stats, _ = open_files[key]
                     data = piece.drop_columns(self.partition_by) if self.partition_by else piece
+                    if data.schema != writer.schema:
+                        data = data.cast(writer.schema)
                     writer.write_table(data)
                     stats.update(data)
                     if stats.num_records >= self.rows_per_file:

@@ -177,6 +177,7 @@ def ingest_store(spark, spec: StoreSpec, lake: str, *, split_bytes: int = DEFAUL
             return
         options = {"path": spec.path, "brokerName": spec.name, **options}
         if direct:  # read and write in the same Python worker (pipelines.partition_writer)
+            options["bodyView"] = "true"  # bodies go to Parquet straight from the mapped segment
             reader = source(options).reader(None)
             record(name, lambda: write_partitions(
                 spark, reader, lake, name, app_id=app_id, app_version=stop,

@@ -59,3 +59,11 @@ MESSAGES_TABLE = "messages"
 MESSAGES_COLUMNS = RECORD_COLUMNS + LAKE_COLUMNS
 MESSAGES_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in MESSAGES_COLUMNS])
 MESSAGES_PARTITION_BY = ["broker_name", "store_date"]
+
+
+def body_as_view(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with ``body`` as ``binary_view``: the decoder's zero-copy form (each body stays in
+    the mapped segment instead of being copied into one buffer). Parquet stores it as the same
+    BYTE_ARRAY column, so tables written from either form are identical to readers."""
+    i = schema.get_field_index("body")
+    return schema.set(i, schema.field(i).with_type(pa.binary_view()))

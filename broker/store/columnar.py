@@ -44,7 +44,9 @@ from broker.store.crc import crc32
 from broker.store.findings import Finding
 from broker.store.record_scan import find_record_start, last_nonzero, scan_records
 from broker.store.topics import WRAPPER_TOPICS
-from schemas.messages import RECORD_SCHEMA
+from schemas.messages import RECORD_SCHEMA, body_as_view
+
+_RECORD_SCHEMA_BODY_VIEW = body_as_view(RECORD_SCHEMA)
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +300,7 @@ def _split_keys(keys: pa.Array) -> pa.Array:
 
 def _bodies(mem: memoryview, a: np.ndarray, buf: pa.Buffer, pos: np.ndarray, lengths: np.ndarray,
             compression: np.ndarray, phys: np.ndarray, file_name: str, seg_base: int,
-            findings: list[Finding]) -> pa.Array:
+            findings: list[Finding], as_view: bool = False) -> pa.Array:
     """Payloads: stored bytes, or the decompressed bytes for compressed rows. The decompressed
     payloads go into a second data buffer that their views point at, so one cast builds the column."""
     views = _views(a, pos, lengths)
@@ -321,7 +323,8 @@ def _bodies(mem: memoryview, a: np.ndarray, buf: pa.Buffer, pos: np.ndarray, len
         views[rows] = _views(np.frombuffer(payload, np.uint8), starts, sizes, buffer_index=1)
         buffers.append(pa.py_buffer(payload))
     buffers[1] = pa.py_buffer(views)
-    return pc.cast(pa.Array.from_buffers(pa.binary_view(), pos.size, buffers), pa.binary())
+    column = pa.Array.from_buffers(pa.binary_view(), pos.size, buffers)
+    return column if as_view else pc.cast(column, pa.binary())
 
 
 def _fixed_fields(a: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
@@ -363,7 +366,7 @@ def _fixed_fields(a: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
 
 def _decode_chunk(mem: memoryview, a: np.ndarray, buf: pa.Buffer, starts: np.ndarray, seg_base: int,
                   file_name: str, flt: DecodeFilter | None, verify_crc: bool,
-                  findings: list[Finding]) -> tuple[pa.RecordBatch | None, np.ndarray]:
+                  findings: list[Finding], body_view: bool = False) -> tuple[pa.RecordBatch | None, np.ndarray]:
     """Decode records at ``starts``. Returns the batch (None if every row was filtered out) and the
     indices of records whose field lengths do not add up to TOTALSIZE (to be re-walked)."""
     f = _fixed_fields(a, starts)
@@ -457,16 +460,22 @@ def _decode_chunk(mem: memoryview, a: np.ndarray, buf: pa.Buffer, starts: np.nda
         "tags": props.value_of(PROPERTY_TAGS),
         "uniq_key": props.value_of(PROPERTY_UNIQ_KEY),
         "offset_msg_id": _hex_ids(f["store_addr"], f["store_v6"], f["store_port"], f["phys"]),
-        "body": _bodies(mem, a, buf, p_body, body_len, compression, f["phys"], file_name, seg_base, findings),
+        "body": _bodies(mem, a, buf, p_body, body_len, compression, f["phys"], file_name, seg_base, findings,
+                        as_view=body_view),
     }
-    return pa.RecordBatch.from_arrays([columns[c.name] for c in RECORD_SCHEMA], schema=RECORD_SCHEMA), bad
+    schema = _RECORD_SCHEMA_BODY_VIEW if body_view else RECORD_SCHEMA
+    return pa.RecordBatch.from_arrays([columns[c.name] for c in schema], schema=schema), bad
 
 
 def iter_decode(buf, seg_base: int, seg_size: int, start: int = 0, end: int | None = None, *,
                 file_name: str = "", flt: DecodeFilter | None = None, verify_crc: bool = True,
                 batch_rows: int = DEFAULT_BATCH_ROWS, batch_bytes: int = DEFAULT_BATCH_BYTES,
-                stats: DecodeStats | None = None, search_first: bool | None = None) -> Iterator[pa.RecordBatch]:
+                stats: DecodeStats | None = None, search_first: bool | None = None,
+                body_view: bool = False) -> Iterator[pa.RecordBatch]:
     """Decode the records that start in ``[start, end)`` of one segment into RecordBatches.
+
+    ``body_view``: leave ``body`` as ``binary_view`` pointing into ``buf`` (no copy; the batches
+    keep ``buf`` alive) for consumers that write it straight out, e.g. the ingest's Parquet files.
 
     ``buf`` is the whole segment (an mmap or bytes, position 0 = file start); ``seg_base`` its
     physical start offset. ``start`` may be any byte: the first record is found by the
@@ -490,7 +499,7 @@ def iter_decode(buf, seg_base: int, seg_size: int, start: int = 0, end: int | No
             cum = np.cumsum(sizes[i:i + batch_rows])
             j = min(starts.size, i + max(1, int(np.searchsorted(cum, batch_bytes, side="right"))))
             batch, bad = _decode_chunk(mem, a, pbuf, starts[i:j], seg_base, file_name, flt, verify_crc,
-                                       row_findings)
+                                       row_findings, body_view)
             if bad.size:
                 # TOTALSIZE disagrees with the field lengths, so the walk past this record trusted
                 # a wrong size: drop what it found beyond here and re-walk from the next real start.
@@ -536,4 +545,5 @@ def decode_range(buf, seg_base: int, seg_size: int, start: int = 0, end: int | N
     """:func:`iter_decode` collected into one table (empty tables keep the schema)."""
     stats = kwargs.pop("stats", None) or DecodeStats()
     batches = list(iter_decode(buf, seg_base, seg_size, start, end, stats=stats, **kwargs))
-    return pa.Table.from_batches(batches, schema=RECORD_SCHEMA), stats
+    schema = _RECORD_SCHEMA_BODY_VIEW if kwargs.get("body_view") else RECORD_SCHEMA
+    return pa.Table.from_batches(batches, schema=schema), stats

@@ -83,13 +83,14 @@ from broker.store.constants import (
     PROPERTY_ORIGIN_MESSAGE_ID,
 )
 from broker.store.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
-from schemas.messages import MESSAGES_SCHEMA, RECORD_SCHEMA
+from schemas.messages import MESSAGES_SCHEMA, RECORD_SCHEMA, body_as_view
 from schemas.spark import spark_ddl
 from schemas.tables import CONSUME_QUEUE_SCHEMA, CORRUPT_RECORDS_SCHEMA, INDEX_ENTRIES_SCHEMA
 
 DEFAULT_BROKER_NAME = "broker-a"
 DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024
 _TS_US_UTC = pa.timestamp("us", tz="UTC")
+_MESSAGES_SCHEMA_BODY_VIEW = body_as_view(MESSAGES_SCHEMA)
 # messages columns the reader always fills (IS NOT NULL on them is answered without Spark)
 NEVER_NULL = frozenset(RECORD_SCHEMA.names) - {"tags", "uniq_key"} | {
     "born_time", "store_time", "broker_name", "store_date", "segment_file", "is_retry", "is_dlq"}
@@ -361,7 +362,8 @@ def lake_columns(batch: pa.RecordBatch, broker_name: str, segment_file: str,
         "origin_msg_id": origin,
     }
     arrays = list(batch.columns) + [extra[f.name] for f in MESSAGES_SCHEMA if f.name not in RECORD_SCHEMA.names]
-    return pa.RecordBatch.from_arrays(arrays, schema=MESSAGES_SCHEMA)
+    view = pa.types.is_binary_view(batch.schema.field("body").type)
+    return pa.RecordBatch.from_arrays(arrays, schema=_MESSAGES_SCHEMA_BODY_VIEW if view else MESSAGES_SCHEMA)
 
 
 class RocketMQReader(DataSourceReader):
@@ -376,6 +378,9 @@ class RocketMQReader(DataSourceReader):
         self.segment_size = _opt_int(options, "segmentSize", None)
         self.ingest_run_id = options.get("ingestRunId")
         self.verify_crc = _opt_bool(options, "verifyCrc", True)
+        # bodies as binary_view into the mapped segment (no copy): only for Python consumers of
+        # read() such as pipelines.partition_writer; Spark itself needs the declared BINARY type
+        self.body_view = _opt_bool(options, "bodyView", False)
         # Off unless asked for: PySpark 4.2.0 keeps the reader planned for a pushed-down query on
         # the DataFrame and reuses it for later queries on the same DataFrame (wrong row counts).
         # Jobs that build a fresh DataFrame per query turn it on with .option("pushFilters", "true").
@@ -430,7 +435,7 @@ class RocketMQReader(DataSourceReader):
         return self._read_split(partition)
 
     def _read_split(self, split: CommitLogSplit) -> Iterator[pa.RecordBatch]:
-        for batch in decode_split(split, self.pushed, verify_crc=self.verify_crc):
+        for batch in decode_split(split, self.pushed, verify_crc=self.verify_crc, body_view=self.body_view):
             yield lake_columns(batch, self.broker_name, split.file_name, self.ingest_run_id)
 
 
@@ -444,7 +449,7 @@ def _open_segment(split: CommitLogSplit):
 
 
 def decode_split(split: CommitLogSplit, pushed: PushedFilters | None = None, *, verify_crc: bool = True,
-                 stats: DecodeStats | None = None) -> Iterator[pa.RecordBatch]:
+                 stats: DecodeStats | None = None, body_view: bool = False) -> Iterator[pa.RecordBatch]:
     """RECORD_SCHEMA batches of the records starting in the split (pushed filters applied exactly)."""
     pushed = pushed or PushedFilters()
     flt = pushed.decode_filter()
@@ -452,7 +457,7 @@ def decode_split(split: CommitLogSplit, pushed: PushedFilters | None = None, *, 
     try:
         for batch in iter_decode(buf, split.base, split.segment_size, split.start, split.end,
                                  file_name=split.file_name, flt=flt, verify_crc=verify_crc, stats=stats,
-                                 search_first=split.start != 0):
+                                 search_first=split.start != 0, body_view=body_view):
             mask = None
             if pushed.topics is not None:
                 mask = pc.is_in(batch.column("topic"), value_set=pa.array(sorted(pushed.topics), pa.string()))
