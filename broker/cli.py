@@ -261,16 +261,21 @@ JOB_COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def cmd_job(args: argparse.Namespace, extra: list[str]) -> int:
-    """Same as ``spark-submit jobs/<file>.py``, with a local Spark session."""
+def run_job(file_name: str, argv: list[str]) -> int:
+    """``jobs/<file_name>``'s ``main(argv)`` in this process (the jobs are files for spark-submit,
+    not modules of a package, so they are loaded by path)."""
     import importlib.util
 
-    file_name = JOB_COMMANDS[args.command][0]
     job = Path(__file__).resolve().parents[1] / "jobs" / file_name
     spec = importlib.util.spec_from_file_location(job.stem, job)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.main(extra)
+    return module.main(argv)
+
+
+def cmd_job(args: argparse.Namespace, extra: list[str]) -> int:
+    """Same as ``spark-submit jobs/<file>.py``, with a local Spark session."""
+    return run_job(JOB_COMMANDS[args.command][0], extra)
 
 
 # ---- parser ----------------------------------------------------------------------------------------

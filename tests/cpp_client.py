@@ -77,6 +77,23 @@ class ClientProcess:
             self.proc.wait()
 
 
+class ClientProcesses:
+    """The C++-client processes a test module starts (logs under ``tmp``), killed together at the end."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.started: list[ClientProcess] = []
+
+    def client(self, name: str, args: list[str], timeout: float) -> ClientProcess:
+        c = ClientProcess(name, self.tmp, args, timeout)
+        self.started.append(c)
+        return c
+
+    def kill_all(self) -> None:
+        for c in self.started:
+            c.kill()
+
+
 def admin(addr: str, code: int, ext: dict, body: bytes = b"") -> RemotingCommand:
     with SyncRemotingClient(addr) as client:
         return client.invoke(RemotingCommand.request(code, ext, body), timeout=10)

@@ -45,7 +45,7 @@ from broker.store.inspect import MessageQuery, iter_messages
 from broker.store.message import MessageRecord, decode_record
 from broker.store.verify import verify_store
 from tests.broker_harness import start_broker, start_namesrv
-from tests.cpp_client import ClientProcess, create_routed_topic, max_offset, wait_for
+from tests.cpp_client import ClientProcesses, create_routed_topic, max_offset, wait_for
 
 
 TOPIC = "InteropTopic"
@@ -279,13 +279,11 @@ class Env:
     loop: asyncio.AbstractEventLoop
     broker_proxy: FrameProxy | None = None
     ns_proxy: FrameProxy | None = None
-    clients: list[ClientProcess] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
-    def client(self, name: str, args: list[str], timeout: float) -> ClientProcess:
-        c = ClientProcess(name, self.tmp, args, timeout)
-        self.clients.append(c)
-        return c
+    def __post_init__(self) -> None:
+        self.clients = ClientProcesses(self.tmp)
+        self.client = self.clients.client
 
 
 @pytest.fixture(scope="module")
@@ -313,8 +311,7 @@ def env(tmp_path_factory):
         yield e
     finally:
         if e is not None:
-            for c in e.clients:
-                c.kill()
+            e.clients.kill_all()
             e.broker.stop()
             print("\ninterop timings:", {k: round(v, 1) for k, v in e.timings.items()})
         ns_proc.send_signal(signal.SIGTERM)

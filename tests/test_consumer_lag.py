@@ -20,6 +20,7 @@ from broker.store.config_files import ConsumerOffsetTable, SubscriptionGroupTabl
 from broker.store.consume_queue import ConsumeQueue
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord
+from broker.cli import run_job
 from pipelines.reports.consumer_lag import snapshot_store, snapshot_stores
 from schemas.reports import CONSUMER_LAG_SCHEMA
 
@@ -93,14 +94,8 @@ def store(tmp_path_factory) -> Path:
 
 
 def job_main(argv: list[str]) -> int:
-    """``jobs/consumer_lag.py``'s main, loaded the way ``rocketlake lag`` loads it."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "jobs" / "consumer_lag.py"
-    spec = importlib.util.spec_from_file_location("consumer_lag_job", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main(argv)
+    """``jobs/consumer_lag.py``'s main, loaded the way ``rocketlake`` loads it."""
+    return run_job("consumer_lag.py", argv)
 
 
 def _rows(table) -> list[tuple]:

@@ -20,7 +20,6 @@ import json
 import signal
 import subprocess
 from collections import defaultdict
-from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
@@ -31,7 +30,7 @@ from broker.store.message_id import decode_offset_msg_id
 from pipelines.lake import scan_arrow
 from schemas.reports import CONSUMER_LAG_TABLE, DLQ_MESSAGES_TABLE, DLQ_SUMMARY_TABLE
 from tests.broker_harness import ROCKETLAKE, REPO, start_broker, start_namesrv
-from tests.cpp_client import ClientProcess, create_routed_topic, max_offset, wait_for
+from tests.cpp_client import ClientProcess, ClientProcesses, create_routed_topic, max_offset, wait_for
 
 ORDERS, PAYMENTS = "ReportOrders", "ReportPayments"
 G_ALL, G_PART, G_NEVER, G_DLQ = "CG_REP_ALL", "CG_REP_PART", "CG_REP_NEVER", "CG_REP_DLQ"
@@ -55,15 +54,8 @@ def _payment(i: int) -> dict:
             "props": {"seq": f"p{i}"}, "body": f"payment {i}"}
 
 
-class Run:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.clients: list[ClientProcess] = []
-
-    def client(self, name: str, args: list[str], timeout: float) -> ClientProcess:
-        c = ClientProcess(name, self.tmp, args, timeout)
-        self.clients.append(c)
-        return c
+class Run(ClientProcesses):
+    """The scenario's C++-client processes, with the two kinds it starts most."""
 
     def produce(self, name: str, namesrv: str, topic: str, messages: list[dict]) -> dict:
         spec = self.tmp / f"{name}.json"
@@ -115,8 +107,7 @@ def world(tmp_path_factory):
                               timeout=90).result()
         results["dlq_records"] = dlq_read
     finally:
-        for c in run.clients:
-            c.kill()
+        run.kill_all()
         broker.stop()
         ns_proc.send_signal(signal.SIGTERM)
         ns_proc.wait(10)

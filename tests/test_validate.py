@@ -9,7 +9,6 @@ runs are few and the damaged run validates ``messages`` only.
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import json
 import shutil
 import socket
@@ -19,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from broker.cli import run_job
 from pipelines.ingest import ingest
 from pipelines.job_args import StoreSpec
 from pipelines.lake import append_arrow, scan_arrow
@@ -62,12 +62,8 @@ DUPLICATE_KEY = "expect_compound_columns_to_be_unique(broker_name, commitlog_off
 
 
 def job_main(argv: list[str]) -> int:
-    """``jobs/validate.py``'s main, loaded the way ``rocketlake validate`` loads it."""
-    path = Path(__file__).resolve().parents[1] / "jobs" / "validate.py"
-    spec = importlib.util.spec_from_file_location("validate_job", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main(argv)
+    """``jobs/validate.py``'s main, loaded the way ``rocketlake`` loads it."""
+    return run_job("validate.py", argv)
 
 
 def run_summary(lake: Path) -> dict:
