@@ -94,10 +94,15 @@ def dispatched_end(store: str) -> int:
     return end
 
 
+def _store_root(store: str) -> str:
+    """A local store as an absolute path (findings name files by it); a URI as it is."""
+    return store if "://" in store else os.path.abspath(store)
+
+
 def scan_findings(spark, store: str, broker: str, start: int, end: int, run_id: str) -> pa.Table:
     """Structural findings (corrupt regions, torn tails, bad sizes) of the walk over ``[start, end)``,
     one Spark task per segment, plus the commitlog's file-level findings on the first run."""
-    root = store if "://" in store else os.path.abspath(store)
+    root = _store_root(store)
     reader = CommitLogFindingsReader({"path": root, "brokerName": broker, "fromOffset": str(start),
                                       "untilOffset": str(end), "ingestRunId": run_id})
     found = collect_partitions(spark, reader, CORRUPT_RECORDS_SCHEMA)
@@ -122,7 +127,7 @@ def crc_findings(lake: str, broker: str, start: int, end: int, run_id: str, stor
     offsets = pc.subtract(bad["commitlog_offset"], pc.cast(bad["segment_file"], pa.int64()))
     reasons = [f"crc_mismatch: BODYCRC {c} does not match the body" for c in bad["body_crc"].to_pylist()]
     n = bad.num_rows
-    root = store if "://" in store else os.path.abspath(store)
+    root = _store_root(store)
     files = pa.array([f"{root}/{COMMITLOG_DIR}/{name}" for name in bad["segment_file"].to_pylist()], pa.string())
     return pa.table({"broker_name": pa.array([broker] * n, pa.string()), "file": files,
                      "offset": offsets, "reason": pa.array(reasons, pa.string()),
@@ -149,12 +154,6 @@ def ingest_store(spark, spec: StoreSpec, lake: str, *, split_bytes: int = DEFAUL
                                                   CORRUPT_RECORDS_TABLE, INGEST_RUNS_TABLE)}
     summary = RunSummary(run_id, spec.name, marks[MESSAGES_TABLE], end)
     log.info("ingest %s: %s from %s to %d (run %s)", spec.name, spec.path, marks, end, run_id)
-
-    def write(name: str, df, stop: int, **kwargs) -> None:
-        if stop <= marks[name]:
-            summary.skipped.append(name)
-            return
-        record(name, lambda: write_table(df, lake, name, app_id=app_id, app_version=stop, **kwargs))
 
     def record(name: str, run) -> None:
         t0 = time.monotonic()
@@ -185,7 +184,7 @@ def ingest_store(spark, spec: StoreSpec, lake: str, *, split_bytes: int = DEFAUL
         else:
             df = (spark.read.options(**options).format(source.name()).load()
                   .filter(f"commitlog_offset >= {lo} AND commitlog_offset < {stop}"))
-            write(name, df, stop, **kwargs)
+            record(name, lambda: write_table(df, lake, name, app_id=app_id, app_version=stop, **kwargs))
 
     if end > marks[MESSAGES_TABLE]:
         write_source(MESSAGES_TABLE, RocketMQDataSource,
