@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= build/demo
 DEMO_DELAY_LEVELS := 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s
 
-.PHONY: venv test demo java-check bench-decode bench-broker clean
+.PHONY: venv test demo java-check clean
 
 venv: $(STAMP)
 
@@ -54,11 +54,23 @@ demo: venv java-check
 	$(BIN)/rocketlake store messages $(DEMO_DIR)/store --limit 5 --format table
 	$(BIN)/rocketlake store index $(DEMO_DIR)/store --topic demo-topic-0 --key order-1
 
+# Benchmarks: one bench-<name> target per benchmarks/<name>.py (the send path, benchmarks/send_path.py, is
+# bench-broker); tests/test_benchmarks.py checks the mapping and runs each script with tiny sizes.
+# Defaults are the real sizes; pass others with BENCH_ARGS, e.g.
+#   make bench-decode BENCH_ARGS="--gib 0.05"
+#   make bench-broker BENCH_ARGS="--seconds 1 --producers 1 --threads 1 --raw-messages 1000 --skip-cpp"
+#   make bench-ingest BENCH_ARGS="--sizes-gib 0.01 --broker-max-gib 0.01 --root build/bench-smoke"
+BENCH_ARGS ?=
+.PHONY: bench-decode bench-broker bench-ingest
+
 bench-decode: venv
-	$(BIN)/python benchmarks/decode.py
+	$(BIN)/python benchmarks/decode.py $(BENCH_ARGS)
 
 bench-broker: venv
-	$(BIN)/python benchmarks/broker.py
+	$(BIN)/python benchmarks/send_path.py $(BENCH_ARGS)
+
+bench-ingest: venv java-check
+	$(BIN)/python benchmarks/ingest.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build $(VENV)

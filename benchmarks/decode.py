@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/decode.py [--gib 1] [--body-bytes 1024] [--store build/bench/decode]
 
+(``make bench-decode``; a smoke run in seconds: ``--gib 0.01 --store <tmp dir>``.)
+
 Generates (once; reused while the arguments match) a store whose first segment is a full 1 GiB
 file, then measures on that file, in one process (= one core):
 
@@ -112,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--body-bytes", type=int, default=1024)
     ap.add_argument("--store", type=Path, default=Path("build/bench/decode"))
     args = ap.parse_args(argv)
+    if args.gib <= 0 or args.body_bytes <= 0:
+        ap.error("--gib and --body-bytes must be > 0")
     logging.basicConfig(level=logging.WARNING)
     store = ensure_store(args.store, args.gib, args.body_bytes)
     cl = CommitLog.open(store)

@@ -1,6 +1,10 @@
 """End-to-end ingest speed (store → Delta lake with Spark) next to the raw read, decode-only and broker-consumer speeds of the same store, same run.
 
     .venv/bin/python benchmarks/ingest.py [--sizes-gib 1 [4 16 ...]] [--broker-max-gib 1] [--split-bytes N]
+        [--root build/bench]
+
+(``make bench-ingest``; a smoke run: ``--sizes-gib 0.01 --broker-max-gib 0.01 --root <tmp dir>``, about
+half a minute, most of it Spark start-up.)
 
 For each size, generates (once; reused while the arguments match, see ``bench-spec.json``) a store
 of about that many GiB of commitlog with ~1 KiB bodies under ``build/bench/ingest-<size>g``, then

@@ -258,6 +258,7 @@ JOB_COMMANDS: dict[str, tuple[str, str]] = {
     "dlq": ("dlq_report.py", "dead-letter-queue analysis (dlq_messages, dlq_summary)"),
     "audit": ("audit.py", "store audit (audit_findings, topic_daily_stats)"),
     "validate": ("validate.py", "Great Expectations suites over the Delta tables"),
+    "replay": ("replay.py", "send a selection of the lake's messages back through a producer, exactly once"),
 }
 
 

@@ -218,7 +218,8 @@ def replace_arrow(lake_dir: str | os.PathLike, name: str, table: pa.Table, *, pr
     ``broker_name IN ('a', 'b')``; None: the whole table) by ``table``, in ONE commit.
 
     For report tables the driver recomputes in full for the brokers it was given: other brokers'
-    rows stay, readers never see the table half replaced.
+    rows stay, readers never see the table half replaced. Columns that ``table`` has and the table
+    lacks (a lake written before a report gained a column) are added (schema merge).
     """
     from deltalake import CommitProperties, DeltaTable, write_deltalake
 
@@ -226,7 +227,7 @@ def replace_arrow(lake_dir: str | os.PathLike, name: str, table: pa.Table, *, pr
     exists = DeltaTable.is_deltatable(path)
     write_deltalake(path, table, mode="overwrite" if exists else "append",
                     predicate=predicate if exists else None, partition_by=list(partition_by) or None,
-                    commit_properties=CommitProperties(custom_metadata={"rocketlake.writer": "replace_arrow"}))
+                    schema_mode="merge" if exists else None, commit_properties=CommitProperties(custom_metadata={"rocketlake.writer": "replace_arrow"}))
     return WriteResult(path, "delta-rs", committed=True, skipped=False, version=DeltaTable(path).version(),
                        num_files=None, num_rows=table.num_rows)
 

@@ -79,6 +79,8 @@ DLQ_MESSAGES_COLUMNS: Columns = [
     ("dlq_commitlog_offset", pa.int64(), "commitlog offset of the DLQ record"),
     ("store_date", pa.date32(), "UTC date of dlq_store_time (partition column)"),
     ("retry_history", pa.list_(RETRY_ATTEMPT_TYPE), "every retry/schedule record of the same original, in order"),
+    ("replayed_at", _TS, "when the latest replay that the target confirmed (replay_ledger SENT) was recorded"),
+    ("replay_run_id", pa.string(), "that replay's run id (null: never replayed)"),
 ]
 
 DLQ_SUMMARY_TABLE = "dlq_summary"
@@ -94,7 +96,7 @@ DLQ_SUMMARY_COLUMNS: Columns = [
     ("max_time_to_dlq_s", pa.float64(), "slowest, seconds"),
     ("top_keys", pa.list_(pa.string()), "up to 5 most frequent keys"),
     ("top_tags", pa.list_(pa.string()), "up to 5 most frequent tags"),
-    ("replayed", pa.int64(), "how many were replayed since (0 until replay exists)"),
+    ("replayed", pa.int64(), "how many of them a replay has sent back (replay_ledger SENT)"),
 ]
 
 # ---- audit ------------------------------------------------------------------------------------------

@@ -210,6 +210,32 @@ class Producer(ClientLifecycle):
         self._check(msg)
         return self._send(msg, None)
 
+    def send_once(self, msg: Message, mq: MessageQueue, timeout: float | None = None) -> Future:
+        """ONE attempt to store ``msg`` in ``mq``, no retry: a Future[SendResult].
+
+        For callers that must know whether a message may have landed (the replay ledger): the
+        Future fails with :class:`MQClientError` carrying the broker's code when the broker refused
+        it (certainly not stored), ``RemotingConnectError`` when no connection could be made
+        (certainly not sent), and ``RemotingTimeout``/``ConnectionClosed`` when it was sent and no
+        answer came (it may be stored). A UNIQ_KEY already in ``msg.properties`` is kept."""
+        self._check(msg)
+        uniq = msg.properties.get("UNIQ_KEY") or self._uniq.next()
+        route = self.client.route(msg.topic)
+        addr = route.masters.get(mq.broker_name) if route is not None else None
+        if addr is None:
+            addr = self.client.broker_addr(mq.broker_name, msg.topic)
+        cmd = self._request(msg, mq, False, props=msg.properties_with(uniq))
+        out: Future = Future()
+
+        def done(resp_future: Future) -> None:
+            try:
+                out.set_result(self._result(resp_future.result(), mq, uniq))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                out.set_exception(exc)
+
+        self.client.invoke_future(addr, cmd, timeout or self.send_timeout).add_done_callback(done)
+        return out
+
     def send_orderly(self, msg: Message, sharding_key: int | str) -> SendResult:
         """Messages with the same key go to the same queue (in order); no retry on another queue."""
         self._check(msg)

@@ -41,7 +41,7 @@ from broker.remoting.transport import Connection, RemotingServer, SyncRemotingCl
 from broker.server.message_store import MessageStore, StoreSettings
 from broker.server.processors import SEND_CODES, BrokerCore, Reply, Request
 from broker.server.schedule import ScheduleService
-from broker.server.settings import BrokerSettings
+from broker.server.settings import BrokerSettings, to_properties
 from broker.store.hosts import Host
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,8 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     registrar = NameServerRegistrar(settings, store)
     core = BrokerCore(store, cluster_name=settings.broker_cluster_name, broker_name=settings.broker_name,
                       broker_addr=settings.broker_addr, max_message_size=settings.max_message_size,
-                      auto_create_topic=settings.auto_create_topic_enable, on_topics_changed=registrar.changed)
+                      auto_create_topic=settings.auto_create_topic_enable, on_topics_changed=registrar.changed,
+                      config_text=to_properties(settings))
     server: IpcServer | None = None
 
     def handle(req: Request) -> Reply:

@@ -173,7 +173,7 @@ class BrokerCore:
     def __init__(self, store: MessageStore, *, cluster_name: str, broker_name: str, broker_addr: str,
                  max_message_size: int, auto_create_topic: bool = True,
                  on_topics_changed: Callable[[], None] | None = None,
-                 clients: ClientRegistry | None = None) -> None:
+                 clients: ClientRegistry | None = None, config_text: str = "") -> None:
         self.store = store
         self.cluster_name = cluster_name
         self.broker_name = broker_name
@@ -181,6 +181,7 @@ class BrokerCore:
         self.store_host = Host.parse(broker_addr)
         self.max_message_size = max_message_size
         self.auto_create_topic = auto_create_topic
+        self.config_text = config_text
         self.clients = clients or ClientRegistry()
         self.on_topics_changed = on_topics_changed or (lambda: None)
         self._uniq = UniqKeyGenerator(ip=self.store_host.address if len(self.store_host.address) == 4 else None)
@@ -214,6 +215,7 @@ class BrokerCore:
             RequestCode.GET_TOPIC_STATS_INFO: self.get_topic_stats_info,
             RequestCode.GET_CONSUME_STATS: self.get_consume_stats,
             RequestCode.GET_BROKER_RUNTIME_INFO: self.get_broker_runtime_info,
+            RequestCode.GET_BROKER_CONFIG: self.get_broker_config,
         }
 
     # ---- entry -------------------------------------------------------------------------------------------
@@ -648,6 +650,10 @@ class BrokerCore:
         table = {"brokerVersionDesc": "rocketlake", "commitLogMaxOffset": str(self.store.commitlog_max_offset),
                  "commitLogMinOffset": str(self.store.commitlog_min_offset), "bootTimestamp": str(_BOOT_MS)}
         return Reply(body=dumps_json({"table": table}))
+
+    def get_broker_config(self, req: Request) -> Reply:
+        """``key=value`` lines under broker.conf names, as Apache answers ``mqadmin getBrokerConfig``."""
+        return Reply(body=self.config_text.encode("utf-8"))
 
 
 _BOOT_MS = int(time.time() * 1000)

@@ -103,6 +103,22 @@ def _snake(key: str) -> str:
 
 
 _FIELDS = {f.name: f for f in fields(BrokerSettings)}
+
+
+def apache_name(field_name: str) -> str:
+    """``max_message_size`` → ``maxMessageSize`` (``broker_ip1`` → ``brokerIP1``): the broker.conf key."""
+    head, *rest = field_name.split("_")
+    return head + "".join("IP1" if part == "ip1" else part.capitalize() for part in rest)
+
+
+def to_properties(settings: BrokerSettings) -> str:
+    """Every setting as ``key=value`` lines under its broker.conf name, sorted: the body Apache's
+    broker answers GET_BROKER_CONFIG with (``mqadmin getBrokerConfig``; replay reads maxMessageSize)."""
+    lines = []
+    for f in sorted(fields(BrokerSettings), key=lambda f: apache_name(f.name)):
+        value = getattr(settings, f.name)
+        lines.append(f"{apache_name(f.name)}={str(value).lower() if isinstance(value, bool) else value}")
+    return "\n".join(lines) + "\n"
 _TYPES = {"int": int, "str": str, "bool": bool}
 
 

@@ -41,10 +41,10 @@ Definitions (what the columns of :mod:`schemas.reports` mean here):
   computed on the driver by :func:`exact_percentile`. ``top_keys``/``top_tags``: up to 5 values by
   number of DLQ messages carrying them (a key repeated within one message counts once), ties broken
   by code-point order of the value.
-* ``replayed``: 0 until the replay issue exists. Hook: pass the replayed DLQ records as an Arrow
-  table with ``broker_name`` and ``dlq_commitlog_offset`` (one row per replay; repeats count once)
-  to :func:`dlq_summary` / :func:`run_dlq_report`; each summary row then counts its DLQ messages
-  found there.
+* ``replayed_at`` / ``replay_run_id``: the latest replay run whose ``replay_ledger`` says the DLQ
+  record was SENT (the target confirmed it), from :func:`pipelines.replay.ledger.sent_dlq_replays`;
+  null when it was never replayed. ``replayed`` in the summary counts those DLQ messages (a message
+  replayed by several runs counts once).
 
 Full recompute per run: DLQ volumes are small, so the job recomputes both tables for its brokers
 from the whole ``messages`` table (one scan; only records matching a DLQ record survive the
@@ -101,6 +101,12 @@ def original_id() -> Column:
     return F.coalesce(_prop(PROPERTY_ORIGIN_MESSAGE_ID), _prop(PROPERTY_DLQ_ORIGIN_MESSAGE_ID))
 
 
+def original_topic() -> Column:
+    """The topic a %DLQ% record's message was first sent to: ``RETRY_TOPIC``, else 5.x
+    ``DLQ_ORIGIN_TOPIC`` (blank values skipped), else the record's real topic."""
+    return F.coalesce(_prop(PROPERTY_RETRY_TOPIC), _prop(PROPERTY_DLQ_ORIGIN_TOPIC), F.col("real_topic"))
+
+
 def _retry_topic_of_record() -> Column:
     """The %RETRY% topic a record belongs to: its own topic, or REAL_TOPIC of a schedule record."""
     return F.when(F.col("topic") == SCHEDULE_TOPIC, F.col("real_topic")).otherwise(F.col("topic"))
@@ -110,8 +116,7 @@ def _dlq_records(messages: DataFrame) -> DataFrame:
     """One row per %DLQ% record, with the columns it contributes itself."""
     return (messages.where(F.col("is_dlq"))
             .select(F.col("broker_name"), F.col("consumer_group"), F.col("topic").alias("dlq_topic"),
-                    F.coalesce(_prop(PROPERTY_RETRY_TOPIC), _prop(PROPERTY_DLQ_ORIGIN_TOPIC),
-                               F.col("real_topic")).alias("original_topic"),
+                    original_topic().alias("original_topic"),
                     F.col("offset_msg_id").alias("msg_id"), original_id().alias("original_msg_id"),
                     "uniq_key", "keys", "tags", "reconsume_times",
                     F.col("born_time").alias("dlq_born_time"), F.col("store_time").alias("dlq_store_time"),
@@ -188,6 +193,8 @@ def dlq_messages(messages: DataFrame) -> DataFrame:
            .withColumn("first_born_time", first_born))
     out = out.withColumn(
         "time_to_dlq_s", (F.unix_micros("dlq_store_time") - F.unix_micros("first_born_time")) / F.lit(1_000_000.0))
+    out = (out.withColumn("replayed_at", F.lit(None).cast("timestamp"))   # filled from the ledger, not the store
+           .withColumn("replay_run_id", F.lit(None).cast("string")))
     return out.select(*DLQ_MESSAGES_SCHEMA.names)
 
 
@@ -245,7 +252,7 @@ def dlq_summary(rows: pa.Table, replayed: pa.Table | None = None) -> pa.Table:
     from Spark), a few per DLQ message, and this saves the half-dozen shuffles a Spark summary costs.
     Percentiles: :func:`exact_percentile` (same values as Spark's exact ``percentile``).
     ``replayed``: Arrow table with ``broker_name`` and ``dlq_commitlog_offset`` of replayed DLQ
-    records (None: 0 everywhere; see the module docstring)."""
+    records (None: 0 everywhere; :func:`compute_dlq_tables` passes the ledger's)."""
     if rows.num_rows == 0:
         return DLQ_SUMMARY_SCHEMA.empty_table()
     t = rows.select(SUMMARY_GROUP + ["original_msg_id", "time_to_dlq_s", "keys", "tags", "dlq_commitlog_offset"])
@@ -301,9 +308,28 @@ class DlqReport:
     summary_write: WriteResult
 
 
+def with_replays(rows: pa.Table, replayed: pa.Table | None) -> pa.Table:
+    """``rows`` with ``replayed_at``/``replay_run_id`` of the latest replay of each DLQ record.
+
+    ``replayed``: ``broker_name``, ``dlq_commitlog_offset``, ``run_id``, ``recorded_at`` (one row per
+    run that sent the record back; :func:`pipelines.replay.ledger.sent_dlq_replays`)."""
+    if replayed is None or replayed.num_rows == 0 or rows.num_rows == 0:
+        return rows
+    latest = {}
+    for r in replayed.sort_by([("recorded_at", "ascending")]).to_pylist():
+        latest[(r["broker_name"], r["dlq_commitlog_offset"])] = (r["recorded_at"], r["run_id"])
+    hits = [latest.get(k, (None, None)) for k in zip(rows["broker_name"].to_pylist(),
+                                                    rows["dlq_commitlog_offset"].to_pylist())]
+    for name, values in (("replayed_at", [h[0] for h in hits]), ("replay_run_id", [h[1] for h in hits])):
+        rows = rows.set_column(rows.schema.get_field_index(name), rows.schema.field(name),
+                               pa.array(values, rows.schema.field(name).type))
+    return rows
+
+
 def compute_dlq_tables(messages: DataFrame, *, replayed: pa.Table | None = None) -> tuple[pa.Table, pa.Table]:
     """Both report tables as Arrow from ``messages`` (already restricted to the brokers wanted)."""
     rows = to_arrow(dlq_messages(messages), DLQ_MESSAGES_SCHEMA, ["broker_name", "dlq_commitlog_offset"])
+    rows = with_replays(rows, replayed)
     return rows, dlq_summary(rows, replayed)
 
 
@@ -311,7 +337,12 @@ def run_dlq_report(spark, lake: str | os.PathLike, brokers: list[str], *,
                    replayed: pa.Table | None = None) -> DlqReport:
     """Recompute ``dlq_messages``/``dlq_summary`` for ``brokers`` from the lake's ``messages`` table
     and replace those brokers' rows, one commit per table (no ``messages`` table yet: no rows, so
-    stale rows of these brokers go away and both tables exist for readers)."""
+    stale rows of these brokers go away and both tables exist for readers). ``replayed`` defaults
+    to what the lake's ``replay_ledger`` says was sent back."""
+    from pipelines.replay.ledger import sent_dlq_replays
+
+    if replayed is None:
+        replayed = sent_dlq_replays(lake)
     if not brokers:
         raise ValueError("no brokers given")
     lake = os.fspath(lake)

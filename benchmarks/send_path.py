@@ -1,6 +1,10 @@
 """Broker send throughput and latency, next to the raw append speed of the same bytes, same run.
 
-    .venv/bin/python benchmarks/broker.py [--seconds 10] [--producers 4] [--threads 4] [--rate 5000]
+    .venv/bin/python benchmarks/send_path.py [--seconds 10] [--producers 4] [--threads 4] [--rate 5000]
+        [--raw-messages 100000] [--skip-cpp] [--root DIR]
+
+(``make bench-broker``; a smoke run in seconds: ``--seconds 1 --producers 1 --threads 1
+--raw-messages 1000``.)
 
 Starts a name server and a broker (ASYNC_FLUSH, loopback) in a temporary directory, then measures
 for 1 KiB messages:
@@ -225,10 +229,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=4, help="threads per Python producer process")
     ap.add_argument("--rate", type=float, default=5000.0, help="fixed-rate phase, msg/s in total")
     ap.add_argument("--skip-cpp", action="store_true")
+    ap.add_argument("--raw-messages", type=int, default=100_000,
+                    help="records of the raw-append measurement (default 100000, at least 1000)")
+    ap.add_argument("--root", type=Path, default=None,
+                    help="directory the temporary name-server/broker directory is made in (default: system temp)")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="rocketlake-bench-") as tmp:
+    if args.raw_messages < 1000:
+        ap.error("--raw-messages must be >= 1000")
+    if args.seconds <= 0 or args.producers < 1 or args.threads < 1:
+        ap.error("--seconds must be > 0, --producers and --threads >= 1")
+    if args.root is not None:
+        args.root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="rocketlake-bench-", dir=args.root) as tmp:
         tmp = Path(tmp)
-        recs, mbs, plain = raw_append(100_000, tmp)
+        recs, mbs, plain = raw_append(args.raw_messages, tmp)
         print(f"{'raw append (CommitLogWriter, in-process)':<44} {recs:>10,.0f} msg/s   {mbs:,.0f} MB/s "
               f"(plain write of the same bytes: {plain:,.0f} MB/s)")
         ns, ns_addr = start_namesrv(tmp)
