@@ -125,7 +125,8 @@ def _expected_from_store(store: Path) -> tuple[list[dict], dict]:
             "retry_history": [{"attempt": h["reconsume_times"], "topic": h["topic"],
                                "commitlog_offset": h["commitlog_offset"], "store_time": _ts(h["store_timestamp"]),
                                "reconsume_times": h["reconsume_times"], "delay_level": int(h["props"][PROPERTY_DELAY])}
-                              for h in history]})
+                              for h in history],
+            "replayed_at": None, "replay_run_id": None})   # no replay_ledger in this lake
     return rows, by_offset_id
 
 

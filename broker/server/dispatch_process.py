@@ -43,10 +43,9 @@ def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, 
             if end > dispatcher.next_offset:
                 dispatcher.catch_up(dispatcher.next_offset, end)
                 dispatcher.next_offset = max(dispatcher.next_offset, end)
-                if grown:
-                    report = [(t, q, nxt, registry.get(t, q).max_phy_end) for (t, q), nxt in grown.items()]
-                    grown.clear()
-                    out.put((report, dispatcher.last_store_timestamp))
+                report = [(t, q, nxt, registry.get(t, q).max_phy_end) for (t, q), nxt in grown.items()]
+                grown.clear()
+                out.put((report, dispatcher.last_store_timestamp, dispatcher.next_offset))
             if time.monotonic() - last_sync >= SYNC_INTERVAL_S:
                 dispatcher.sync()
                 last_sync = time.monotonic()
@@ -101,9 +100,9 @@ class ExternalDispatcher:
             if item is None:
                 self._done.set()
                 return
-            queues, last_ts = item
+            queues, last_ts, dispatched_end = item
             try:
-                self.store.external_advance(queues, last_ts)
+                self.store.external_advance(queues, last_ts, dispatched_end)
             except Exception:
                 log.exception("applying dispatch progress failed")
 

@@ -224,12 +224,25 @@ class GetResult:
         return len(self.queue_offsets)
 
 
+def _index_progress(index: IndexService) -> tuple[int, int]:
+    """(end timestamp, end commitlog offset) of the newest index file, read before the query."""
+    if not index.files:
+        return 0, 0
+    header = index.files[-1].header
+    return header.end_timestamp, header.end_phy_offset
+
+
 @dataclass(frozen=True)
 class QueryResult:
     """QUERY_MESSAGE by key: matching records (verified against KEYS/UNIQ_KEY), oldest first."""
 
     physical_offsets: tuple[int, ...]
     body: bytes
+    # how far the index had got when it was asked (newest file's header; 0/0: no index yet). Apache
+    # answers these as indexLastUpdateTimestamp/-Phyoffset, so a client can tell "not found" from
+    # "not indexed yet" (the replay's UNKNOWN resolution relies on it)
+    index_end_timestamp: int = 0
+    index_end_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -967,6 +980,14 @@ class MessageStore:
         return self._committed_end
 
     @property
+    def dispatch_behind_bytes(self) -> int:
+        """Commitlog bytes appended but not yet in the ConsumeQueue/IndexFile (Apache's
+        ``dispatchBehindBytes``): 0 means every stored message can be pulled and found by key."""
+        if not self.settings.external_dispatch:
+            return 0   # dispatched synchronously with the append
+        return max(0, self._committed_end - self._dispatcher.next_offset)
+
+    @property
     def commitlog_min_offset(self) -> int:
         return self._commitlog_min
 
@@ -1133,11 +1154,13 @@ class MessageStore:
             # another process writes the index files: read them as they are now
             index = IndexService(self.store_dir, self.settings.index_slots, self.settings.index_entries)
             try:
+                progress = _index_progress(index)
                 offsets = index.query_offsets(topic, key, begin_ms, end_ms, min(max_num, MAX_MSGS_NUM_BATCH))
             finally:
                 index.close()
         else:
             with self._dispatcher.index_lock:
+                progress = _index_progress(self._dispatcher.index)
                 offsets = self._dispatcher.index.query_offsets(topic, key, begin_ms, end_ms,
                                                                min(max_num, MAX_MSGS_NUM_BATCH))
         found, parts = [], []
@@ -1151,7 +1174,7 @@ class MessageStore:
             if isinstance(rec, MessageRecord) and rec.topic == topic and (rec.uniq_key == key or key in rec.keys):
                 found.append(phy)
                 parts.append(data)
-        return QueryResult(tuple(found), b"".join(parts))
+        return QueryResult(tuple(found), b"".join(parts), *progress)
 
     def set_commit_listener(self, fn: Callable[[int], None]) -> None:
         """``fn(committed_end)`` after every append (wakes an external dispatcher)."""
@@ -1163,13 +1186,17 @@ class MessageStore:
         self._require_open()
         return self._dispatcher.next_offset if self._dispatcher.next_offset else self._committed_end
 
-    def external_advance(self, queues: Sequence[tuple[str, int, int, int]], last_store_ts: int) -> None:
+    def external_advance(self, queues: Sequence[tuple[str, int, int, int]], last_store_ts: int,
+                         dispatched_end: int | None = None) -> None:
         """Progress of the external dispatcher: ``(topic, queue_id, max_offset, max_phy_end)`` per
-        queue that grew; makes the new units readable here and wakes long-polling listeners."""
+        queue that grew, and the commitlog offset dispatched up to; makes the new units readable here
+        and wakes long-polling listeners."""
         self._require_open()
         d = self._dispatcher
         with d._sync_lock:
             d.last_store_timestamp = max(d.last_store_timestamp, last_store_ts)
+            if dispatched_end is not None:
+                d.next_offset = max(d.next_offset, dispatched_end)
         for topic, qid, nxt, phy_end in queues:
             self.queues.advance(topic, qid, nxt, phy_end)
             for fn in d._listeners:

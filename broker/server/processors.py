@@ -477,7 +477,8 @@ class BrokerCore:
         h = QueryMessageRequestHeader.from_ext(req.ext)
         result = self.store.query_by_key(h.topic, h.key, h.max_num or 64, h.begin_timestamp or 0,
                                          h.end_timestamp if h.end_timestamp is not None else (1 << 63) - 1)
-        ext = {"indexLastUpdateTimestamp": "0", "indexLastUpdatePhyoffset": str(self.store.commitlog_max_offset)}
+        ext = {"indexLastUpdateTimestamp": str(result.index_end_timestamp),
+               "indexLastUpdatePhyoffset": str(result.index_end_offset)}
         if not result.physical_offsets:
             return Reply(code=ResponseCode.QUERY_NOT_FOUND, remark="can not find message, maybe time range not correct",
                          ext=ext)
@@ -648,7 +649,8 @@ class BrokerCore:
 
     def get_broker_runtime_info(self, req: Request) -> Reply:
         table = {"brokerVersionDesc": "rocketlake", "commitLogMaxOffset": str(self.store.commitlog_max_offset),
-                 "commitLogMinOffset": str(self.store.commitlog_min_offset), "bootTimestamp": str(_BOOT_MS)}
+                 "commitLogMinOffset": str(self.store.commitlog_min_offset), "bootTimestamp": str(_BOOT_MS),
+                 "dispatchBehindBytes": str(self.store.dispatch_behind_bytes)}
         return Reply(body=dumps_json({"table": table}))
 
     def get_broker_config(self, req: Request) -> Reply:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from broker.client.consumer import decode_records
 from broker.client.instance import ClientInstance, MQClientError, TopicRoute
-from broker.remoting.bodies import MessageQueue
+from broker.remoting.bodies import KVTable, MessageQueue
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.store.constants import DEFAULT_MAX_MESSAGE_SIZE
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 QUERY_MAX_NUM = 32  # Apache's defaultQueryMaxNum
 QUERY_WINDOW_MS = 3_600_000  # index time range searched around the send attempts (clock skew margin)
+DISPATCH_WAIT_S = 30.0       # how long to wait for a target broker's index to catch up before giving up
 
 
 class TargetError(ValueError):
@@ -109,19 +110,45 @@ class Target:
                     limit = min(limit, int(value.strip()))
         return limit
 
+    def dispatch_caught_up(self, broker: str, addr: str, timeout: float = DISPATCH_WAIT_S) -> str | None:
+        """Wait until ``broker`` has indexed everything it stored (GET_BROKER_RUNTIME_INFO's
+        ``dispatchBehindBytes`` is 0, as Apache and our broker report it); None when it has, else why not.
+
+        Without this a message stored a moment ago but not yet in the IndexFile would be "not found"
+        and sent a second time. A broker that does not report the figure is trusted after the settle
+        wait the caller already made."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                resp = self.client.invoke(addr, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO))
+            except Exception as exc:
+                return f"{broker} ({addr}): runtime info: {type(exc).__name__}: {exc}"
+            if resp.code != ResponseCode.SUCCESS:
+                return f"{broker} ({addr}): runtime info answered code {resp.code} {resp.remark or ''}"
+            behind = KVTable.decode(resp.body or b"{}").table.get("dispatchBehindBytes")
+            if behind is None or not behind.strip().isdigit() or int(behind) == 0:
+                return None
+            if time.monotonic() > deadline:
+                return f"{broker} ({addr}): still {behind} bytes behind in indexing after {timeout:.0f} s"
+            time.sleep(0.1)
+
     def find(self, topic: str, keys: list[str], begin_ms: int, end_ms: int,
              in_flight: int = 64) -> tuple[dict[str, FoundMessage], list[str]]:
         """Ask every master of ``topic`` for each replay key (QUERY_MESSAGE, pipelined).
 
         Returns (found: key → where the target stored it, errors). A key no broker holds is simply
-        absent from ``found``; ``errors`` lists brokers that could not be asked, so the caller can
-        refuse to decide instead of resending blindly."""
+        absent from ``found``; ``errors`` lists brokers that could not be asked (or whose index is
+        behind), so the caller can refuse to decide instead of resending blindly."""
         route = self.route(topic)
         found: dict[str, FoundMessage] = {}
         errors: list[str] = []
         begin, end = max(0, begin_ms - QUERY_WINDOW_MS), end_ms + QUERY_WINDOW_MS
         for broker, addr in sorted(route.masters.items()):
             pending: list[tuple[str, Future]] = []
+            lagging = self.dispatch_caught_up(broker, addr)
+            if lagging is not None:
+                errors.append(lagging)
+                continue
 
             def settle(batch: list[tuple[str, Future]]) -> None:
                 wait([f for _, f in batch])
