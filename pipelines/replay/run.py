@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 MIN_TASK_MESSAGES = 500     # fewer messages than this per task are not worth another producer
 PLAN_LINES = 40             # source queues listed in the printed plan
+MIN_RATE_SPAN_S = 0.5       # sends spread over less time than this get no msg/s figure
 
 
 class ReplayError(ValueError):
@@ -98,7 +99,7 @@ class ReplayOutcome:
         if not times or sent < 2:
             return None
         span = max(b for _, b in times) - min(a for a, _ in times)
-        if span <= 0:
+        if span < MIN_RATE_SPAN_S:   # a handful of sends: no meaningful rate
             return None
         return sent / span, sum(t.bytes_sent for t in self.tasks) / span / 1e6
 
