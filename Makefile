@@ -48,6 +48,10 @@ demo: venv java-check
 	$(SUBMIT) jobs/audit.py $(DEMO_STORE) --no-ingest 2>$(DEMO_DIR)/audit.log
 	@echo "== data quality (Great Expectations)"
 	$(SUBMIT) jobs/validate.py --lake $(DEMO_DIR)/lake 2>$(DEMO_DIR)/validate.log
+	@echo "== replay: the DLQ back to Payments once the consumer is fixed, and half of Orders into a new topic"
+	$(BIN)/python -m pipelines.replay.demo --start $(DEMO_DIR)/broker-store --lake $(DEMO_DIR)/lake
+	@echo "== dead-letter queue summary after the replay (replayed = sent back, from replay_ledger)"
+	$(SUBMIT) jobs/dlq_report.py $(DEMO_STORE) --no-ingest 2>$(DEMO_DIR)/dlq-2.log
 	$(BIN)/rocketlake store generate $(DEMO_DIR)/store --messages 20000 --topics 4 --queues 4 --seed 7 --segment-bytes 4M --index-slots 5000
 	$(BIN)/rocketlake store verify $(DEMO_DIR)/store
 	$(BIN)/rocketlake store queues $(DEMO_DIR)/store
@@ -60,8 +64,9 @@ demo: venv java-check
 #   make bench-decode BENCH_ARGS="--gib 0.05"
 #   make bench-broker BENCH_ARGS="--seconds 1 --producers 1 --threads 1 --raw-messages 1000 --skip-cpp"
 #   make bench-ingest BENCH_ARGS="--sizes-gib 0.01 --broker-max-gib 0.01 --root build/bench-smoke"
+#   make bench-replay BENCH_ARGS="--messages 2000 --rate 500"
 BENCH_ARGS ?=
-.PHONY: bench-decode bench-broker bench-ingest
+.PHONY: bench-decode bench-broker bench-ingest bench-replay
 
 bench-decode: venv
 	$(BIN)/python benchmarks/decode.py $(BENCH_ARGS)
@@ -71,6 +76,9 @@ bench-broker: venv
 
 bench-ingest: venv java-check
 	$(BIN)/python benchmarks/ingest.py $(BENCH_ARGS)
+
+bench-replay: venv java-check
+	$(BIN)/python benchmarks/replay.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build $(VENV)

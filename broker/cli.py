@@ -369,6 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=_positive, default=None, help="network processes (default: cores)")
     p.set_defaults(func=cmd_broker_start)
 
+    from broker.admin_cli import add_admin_parser  # here: admin_cli imports this module's helpers
+
+    add_admin_parser(sub)
+
     for name, (file_name, help_text) in JOB_COMMANDS.items():
         p = sub.add_parser(name, help=f"{help_text} (same as spark-submit jobs/{file_name})",
                            description=f"Runs jobs/{file_name} in-process; 'rocketlake {name} --help' lists its options.",
