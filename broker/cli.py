@@ -197,14 +197,20 @@ def _listen_address(text: str) -> str:
     return text
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} must be > 0")
-    return value
+def positive_float(unit: str):
+    """An argparse type: a number > 0 of ``unit`` (the error names the unit)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text} must be > 0")
+        return value
+    return parse
+
+
+_positive_seconds = positive_float("seconds")
 
 
 def cmd_namesrv_start(args: argparse.Namespace) -> int:

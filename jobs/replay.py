@@ -20,23 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, when not installed
 
+from broker.cli import _iso_to_ms, _positive, positive_float  # noqa: E402 - after the path set-up
+
 log = logging.getLogger("rocketlake.replay")
-
-
-def _time(text: str) -> int:
-    from broker.cli import _iso_to_ms
-
-    return _iso_to_ms(text)
-
-
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of messages per second") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError("--rate must be > 0")
-    return value
 
 
 def _run_id(text: str) -> str:
@@ -46,12 +32,6 @@ def _run_id(text: str) -> str:
         return validate_run_id(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _count(text: str) -> int:
-    if not text.isdigit() or int(text) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number > 0")
-    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--topic", help="records stored in this topic (with --since and --until)")
     sel.add_argument("--where", metavar="PREDICATE", help="Spark SQL predicate over the messages table")
     sel.add_argument("--dlq", metavar="GROUP", help="the group's %%DLQ%% messages, back to their original topics")
-    sel.add_argument("--since", type=_time, metavar="ISO", help="store time >= this (ISO-8601, UTC if no zone, or epoch ms)")
-    sel.add_argument("--until", type=_time, metavar="ISO", help="store time < this")
+    sel.add_argument("--since", type=_iso_to_ms, metavar="ISO", help="store time >= this (ISO-8601, UTC if no zone, or epoch ms)")
+    sel.add_argument("--until", type=_iso_to_ms, metavar="ISO", help="store time < this")
     sel.add_argument("--broker", help="only this source broker")
     sel.add_argument("--queue", type=int, help="only this source queue id (with --topic)")
     sel.add_argument("--tag", help="only messages with this tag (with --topic)")
@@ -73,15 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--original-topic", help="with --dlq: only messages first sent to this topic")
     ap.add_argument("--target-topic", help="send everything to this topic (default: the source topic; --dlq: "
                                            "each message's original topic)")
-    ap.add_argument("--rate", type=_rate, help="messages per second over all tasks (default: unthrottled)")
+    ap.add_argument("--rate", type=positive_float("messages per second"), help="messages per second over all tasks (default: unthrottled)")
     ap.add_argument("--dry-run", action="store_true", help="plan and record the run (DRY_RUN), send nothing")
     ap.add_argument("--run-id", type=_run_id, help="name the run; rerun with the same id to finish it (default: generated)")
     ap.add_argument("--producer-group", default="rocketlake-replay", help="producer group (default rocketlake-replay)")
     ap.add_argument("--keep-order", action="store_true",
                     help="keep per-queue order: one message in flight per target queue (slower)")
     ap.add_argument("--keep-msg-id", action="store_true", help="keep the original UNIQ_KEY (default: a fresh one)")
-    ap.add_argument("--max-messages", type=_count, help="replay at most the first N selected (commitlog order)")
-    ap.add_argument("--send-timeout", type=float, default=3.0, help="seconds to wait for a send's answer (default 3)")
+    ap.add_argument("--max-messages", type=_positive, help="replay at most the first N selected (commitlog order)")
+    ap.add_argument("--send-timeout", type=positive_float("seconds"), default=3.0, help="seconds to wait for a send's answer (default 3)")
     return ap
 
 
