@@ -64,7 +64,7 @@ demo: venv java-check
 #   make bench-decode BENCH_ARGS="--gib 0.05"
 #   make bench-broker BENCH_ARGS="--seconds 1 --producers 1 --threads 1 --raw-messages 1000 --skip-cpp"
 #   make bench-ingest BENCH_ARGS="--sizes-gib 0.01 --broker-max-gib 0.01 --root build/bench-smoke"
-#   make bench-replay BENCH_ARGS="--messages 2000 --rate 500"
+#   make bench-replay BENCH_ARGS="--messages 5000"
 BENCH_ARGS ?=
 .PHONY: bench-decode bench-broker bench-ingest bench-replay
 

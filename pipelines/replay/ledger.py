@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from pipelines.lake import append_arrow, replace_arrow, scan_arrow, table_exists
+from pipelines.lake import append_arrow, replace_arrow, scan_arrow, table_exists, table_path
 from schemas.replay import (
     FAILED,
     LEDGER_STATUSES,
@@ -78,6 +78,42 @@ def append_events(lake: str, events: pa.Table, app_id: str, app_version: int) ->
     result = append_arrow(lake, REPLAY_LEDGER_TABLE, events, partition_by=REPLAY_LEDGER_PARTITION_BY,
                           app_id=app_id, app_version=app_version)
     return not result.skipped
+
+
+class LedgerWriter:
+    """Appends one task's event batches under its own app id (versions 1, 2, ...).
+
+    Holds the table open and only reads the commits added since its last append
+    (``update_incremental``): opening the table for every batch re-reads a log that grows with every
+    batch of every task, and the replay stops sending while it commits."""
+
+    def __init__(self, lake: str, app_id: str) -> None:
+        self.lake, self.app_id = lake, app_id
+        self.version = 0
+        self._table = None
+
+    def append(self, events: pa.Table) -> bool:
+        """Commit the next batch; False when that app version was committed before."""
+        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+        self.version += 1
+        if events.num_rows == 0:
+            return True
+        path = table_path(self.lake, REPLAY_LEDGER_TABLE)
+        if self._table is None:
+            if not table_exists(self.lake, REPLAY_LEDGER_TABLE):
+                return append_events(self.lake, events, self.app_id, self.version)
+            self._table = DeltaTable(path)
+        else:
+            self._table.update_incremental()
+        seen = self._table.transaction_version(self.app_id)
+        if seen is not None and seen >= self.version:
+            return False
+        write_deltalake(self._table, events, mode="append", partition_by=REPLAY_LEDGER_PARTITION_BY,
+                        commit_properties=CommitProperties(
+                            app_transactions=[Transaction(self.app_id, self.version)],
+                            custom_metadata={"rocketlake.writer": "replay ledger"}))
+        return True
 
 
 def run_events(lake: str, run_id: str, columns: list[str] | None = None) -> pa.Table:

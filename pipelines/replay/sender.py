@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
@@ -33,7 +34,7 @@ from broker.client.producer import Producer, SendStatus
 from broker.remoting.bodies import MessageQueue
 from broker.remoting.codes import ResponseCode
 from broker.remoting.transport import RemotingConnectError
-from pipelines.replay.ledger import append_events, next_events
+from pipelines.replay.ledger import LedgerWriter, next_events
 from pipelines.replay.lineage import Origin, replay_message
 from schemas.replay import FAILED, SENT, UNKNOWN
 
@@ -49,9 +50,10 @@ ANY_QUEUE = -1
 
 class Pacer:
     """A token bucket: ``acquire()`` returns at most ``rate`` times a second on average, with at most
-    ``burst_s`` seconds of unused rate saved up (so a pause is not followed by a flood)."""
+    ``burst_s`` seconds of unused rate saved up: enough to make up for the short pause of a ledger
+    commit between batches, too little for a flood after a long stall."""
 
-    def __init__(self, rate: float | None, burst_s: float = 0.05, clock=time.monotonic, sleep=time.sleep) -> None:
+    def __init__(self, rate: float | None, burst_s: float = 0.2, clock=time.monotonic, sleep=time.sleep) -> None:
         if rate is not None and rate <= 0:
             raise ValueError("rate must be > 0")
         self.rate = rate
@@ -96,8 +98,8 @@ class TaskResult:
     failed: int = 0
     unknown: int = 0
     bytes_sent: int = 0
-    first_send: float | None = None   # wall clock (time.time) of the first and last answered send
-    last_send: float | None = None
+    first_send: float | None = None   # wall clock (time.time) of the first request sent
+    last_send: float | None = None    # ... and of the last answer that confirmed a send
     stopped: str | None = None        # why the task stopped early (target unreachable)
     retries: int = 0
 
@@ -140,7 +142,7 @@ class TaskSender:
         self.queues_by_topic = queues_by_topic
         self.pacer = Pacer(spec.rate)
         self.result = TaskResult(spec.task)
-        self._version = 0
+        self.ledger = LedgerWriter(spec.lake, f"replay:{spec.run_id}:{spec.run_attempt}:{spec.task}")
         self._connect_failures = 0
         self.producer = Producer(spec.producer_group, spec.namesrv, send_timeout=spec.send_timeout, retry_times=0,
                                  instance_name=f"replay-{spec.run_id}-{spec.task}-{os.getpid()}")
@@ -151,36 +153,43 @@ class TaskSender:
     def run(self, rows: pa.Table) -> TaskResult:
         self.producer.start()
         try:
-            start = 0
-            files = rows["_file"].to_pylist()
-            while start < rows.num_rows:
-                end = start + 1
-                while end < rows.num_rows and files[end] == files[start]:
-                    end += 1
-                group = rows.slice(start, end - start)
-                bodies = read_bodies(files[start], group["commitlog_offset"].combine_chunks())
-                for b in range(0, group.num_rows, self.spec.batch):
-                    self._batch(group.slice(b, self.spec.batch), bodies)
-                start = end
+            done: pa.Table | None = None   # outcomes of the previous batch, committed with the next mark
+            for state, bodies in self._batches(rows):
+                inflight = next_events(state, UNKNOWN, reason="in flight", attempts_add=1)
+                self.ledger.append(inflight if done is None else pa.concat_tables([done, inflight]))
+                done = self._send_batch(state, bodies, inflight)
+            if done is not None:
+                self.ledger.append(done)
         finally:
             self.producer.shutdown()
         return self.result
 
-    def _commit(self, events: pa.Table) -> None:
-        self._version += 1
-        append_events(self.spec.lake, events,
-                      f"replay:{self.spec.run_id}:{self.spec.run_attempt}:{self.spec.task}", self._version)
+    def _batches(self, rows: pa.Table) -> Iterator[tuple[pa.Table, pa.Table]]:
+        """(ledger state, bodies) per batch: rows of one data file at a time, ``spec.batch`` at most."""
+        files = rows["_file"].to_pylist()
+        start = 0
+        while start < rows.num_rows:
+            end = start + 1
+            while end < rows.num_rows and files[end] == files[start]:
+                end += 1
+            group = rows.slice(start, end - start)
+            bodies = read_bodies(files[start], group["commitlog_offset"].combine_chunks())
+            for b in range(0, group.num_rows, self.spec.batch):
+                yield group.slice(b, self.spec.batch).combine_chunks(), bodies
+            start = end
 
-    def _batch(self, state: pa.Table, bodies: pa.Table) -> None:
-        state = state.combine_chunks()
+    def _send_batch(self, state: pa.Table, bodies: pa.Table, inflight: pa.Table) -> pa.Table:
+        """Send one batch whose in-flight mark is committed; its outcome events (not yet committed).
+
+        The outcomes go into the same commit as the next batch's in-flight mark: one ledger commit
+        per batch, so sending pauses once per batch, not twice. A crash before that commit leaves
+        this batch UNKNOWN, which a rerun resolves by replay key."""
         at = pc.index_in(state["commitlog_offset"], bodies["commitlog_offset"]).to_pylist()
         missing = [i for i, j in enumerate(at) if j is None]
         if missing:
             raise RuntimeError(f"replay task {self.spec.task}: {len(missing)} selected record(s) are no longer in "
                                f"the messages table (first: commitlog offset "
                                f"{state['commitlog_offset'][missing[0]].as_py()})")
-        inflight = next_events(state, UNKNOWN, reason="in flight", attempts_add=1)
-        self._commit(inflight)
         items = self._items(state, bodies, at)
         if self.result.stopped is None:
             self._send(items)
@@ -189,14 +198,6 @@ class TaskSender:
                 item.outcome.status, item.outcome.reason = FAILED, f"not sent: {self.result.stopped}"
         outcomes = [item.outcome for item in items]
         before = state["attempts"].to_pylist()
-        self._commit(next_events(inflight, [o.status for o in outcomes], reason=[o.reason for o in outcomes],
-                                 attempts_add=0, extra={
-            "attempts": pa.array([b + max(o.attempts, 1) for b, o in zip(before, outcomes)], pa.int32()),
-            "target_broker": [o.broker for o in outcomes],
-            "target_queue_id": [o.queue_id for o in outcomes],
-            "target_queue_offset": [o.queue_offset for o in outcomes],
-            "target_msg_id": [o.msg_id for o in outcomes],
-            "target_offset_msg_id": [o.offset_msg_id for o in outcomes]}))
         for o, size in zip(outcomes, state["body_bytes"].to_pylist()):
             if o.status == SENT:
                 self.result.sent += 1
@@ -205,6 +206,14 @@ class TaskSender:
                 self.result.failed += 1
             else:
                 self.result.unknown += 1
+        return next_events(inflight, [o.status for o in outcomes], reason=[o.reason for o in outcomes],
+                           attempts_add=0, extra={
+            "attempts": pa.array([b + max(o.attempts, 1) for b, o in zip(before, outcomes)], pa.int32()),
+            "target_broker": [o.broker for o in outcomes],
+            "target_queue_id": [o.queue_id for o in outcomes],
+            "target_queue_offset": [o.queue_offset for o in outcomes],
+            "target_msg_id": [o.msg_id for o in outcomes],
+            "target_offset_msg_id": [o.offset_msg_id for o in outcomes]})
 
     def _items(self, state: pa.Table, bodies: pa.Table, at: list[int]) -> list[_Item]:
         s = state.to_pydict()
@@ -253,6 +262,8 @@ class TaskSender:
                     except MQClientError as exc:   # refused before sending (size, no address)
                         item.outcome.status, item.outcome.reason = FAILED, f"not sent: {exc}"
                         continue
+                    if self.result.first_send is None:
+                        self.result.first_send = time.time()
                     inflight[fut] = (lane, item, mq)
                     if lane is not None:
                         busy.add(lane)
@@ -308,7 +319,5 @@ class TaskSender:
         o.reason = None if res.status is SendStatus.SEND_OK else f"stored; broker answered {res.status.name}"
         o.broker, o.queue_id, o.queue_offset = res.queue.broker_name, res.queue.queue_id, res.queue_offset
         o.msg_id, o.offset_msg_id = res.msg_id, res.offset_msg_id
-        r = self.result
-        r.first_send = now if r.first_send is None else r.first_send
-        r.last_send = now
+        self.result.last_send = now
         return False
