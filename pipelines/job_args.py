@@ -71,7 +71,10 @@ def add_no_ingest_arg(ap: argparse.ArgumentParser) -> None:
 
 
 def configure_job_logging() -> None:
+    """INFO for the job's own progress; py4j's connection chatter stays out (spark-submit merges the
+    Python driver's stderr into its stdout, so it would land between a job's results)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @contextmanager
