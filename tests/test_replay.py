@@ -201,6 +201,11 @@ def test_topic_range_replay_delivers_each_selected_message_once(world, capsys):
     assert len(target_messages(world, "OrdersReplay")) == 120
     assert run_row(world, "range-1")["attempts"] == 2
 
+    # a dry run of a rerun says what it would do and changes nothing
+    rc, out, _ = replay(world, capsys, "--run-id", "range-1", "--dry-run")
+    assert rc == 0 and "dry run of a rerun: 120 sent, 0 skipped (done); 0 to send, 0 unknown" in out
+    assert run_row(world, "range-1")["attempts"] == 2
+
 
 def test_dry_run_records_the_plan_and_sends_nothing(world, capsys):
     rc, out, _ = replay(world, capsys, "--topic", "Orders", *ALL_TIME, "--target-topic", "OrdersDry", "--dry-run",

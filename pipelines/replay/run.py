@@ -87,10 +87,11 @@ class ReplayOutcome:
     run: ledger.RunRecord
     tasks: list[TaskResult] = field(default_factory=list)
     elapsed_s: float = 0.0
+    dry_run: bool = False      # a dry run of a rerun: nothing was done
 
     @property
     def complete(self) -> bool:
-        return self.run.status in (RUN_SUCCEEDED, RUN_DRY_RUN)
+        return self.dry_run or self.run.status in (RUN_SUCCEEDED, RUN_DRY_RUN)
 
     def send_rate(self) -> tuple[float, float] | None:
         """(messages/s, MB/s) between the first and the last answered send of all tasks."""
@@ -368,9 +369,15 @@ class Replay:
         if opts.namesrv != run.target_namesrv:
             raise ReplayError(f"run {run.run_id} was sent through name server {run.target_namesrv}, not "
                               f"{opts.namesrv}; a rerun must ask the same target")
-        if run.status == RUN_RUNNING and _driver_alive(run.driver):
+        if run.status == RUN_RUNNING and _driver_alive(run.driver) and not opts.dry_run:
             raise ReplayError(f"run {run.run_id} is being replayed right now by process {run.driver}")
         state = ledger.current_state(ledger.run_events(self.lake, run.run_id))
+        if opts.dry_run:          # say what a rerun would do; touch nothing
+            c = ledger.status_counts(state)
+            self.out(f"replay {run.run_id}: {run.status}, dry run of a rerun: {c[SENT]} sent, {c[SKIPPED]} skipped "
+                     f"(done); {c[PLANNED] + c[FAILED]} to send, {c[UNKNOWN]} unknown to look up on the target "
+                     f"first; nothing sent, nothing recorded")
+            return ReplayOutcome(run, dry_run=True)
         if state.num_rows == 0:   # killed between recording the run and its plan: plan again
             if opts.selection is None:
                 self.opts.selection = Selection.from_json(run.options["selection"])
