@@ -265,6 +265,7 @@ JOB_COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("audit.py", "store audit (audit_findings, topic_daily_stats)"),
     "validate": ("validate.py", "Great Expectations suites over the Delta tables"),
     "replay": ("replay.py", "send a selection of the lake's messages back through a producer, exactly once"),
+    "maintenance": ("maintenance.py", "compact (OPTIMIZE), checkpoint and VACUUM the lake's Delta tables"),
 }
 
 
@@ -378,6 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
     from broker.admin_cli import add_admin_parser  # here: admin_cli imports this module's helpers
 
     add_admin_parser(sub)
+
+    from pipelines.sql.cli import add_sql_parser  # rocketlake sql: engines load only when a query runs
+
+    add_sql_parser(sub)
+
+    from pipelines.sql.server import add_sql_server_parser  # no Spark import until the command runs
+
+    add_sql_server_parser(sub)
 
     for name, (file_name, help_text) in JOB_COMMANDS.items():
         p = sub.add_parser(name, help=f"{help_text} (same as spark-submit jobs/{file_name})",

@@ -161,3 +161,12 @@ def test_smoke_run(name, tmp_path):
     for pattern in smoke.figures:
         assert re.search(pattern, out.stdout, re.M), f"no line like {pattern!r} in:\n{out.stdout}"
     print(f"benchmarks/{name}.py smoke run: {took:.1f} s")
+
+
+# benchmarks/sql.py (issue 10): a 2,000-row synthetic messages table, every engine (Spark included)
+SMOKE["sql"] = Smoke(("--rows", "2000", "--root", "{tmp}"),
+                     (r"^messages: 2,000 rows, [\d.,]+ MB of Parquet in \d+ files",
+                      rf"^pyarrow scan\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$",
+                      rf"^duckdb\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$",
+                      rf"^datafusion\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$",
+                      rf"^spark\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$"), spark=True, timeout=240)
