@@ -52,6 +52,12 @@ demo: venv java-check
 	$(BIN)/python -m pipelines.replay.demo --start $(DEMO_DIR)/broker-store --lake $(DEMO_DIR)/lake
 	@echo "== dead-letter queue summary after the replay (replayed = sent back, from replay_ledger)"
 	$(SUBMIT) jobs/dlq_report.py $(DEMO_STORE) --no-ingest 2>$(DEMO_DIR)/dlq-2.log
+	@echo "== SQL over the lake (rocketlake sql: DuckDB by default; --engine datafusion|spark give the same answers)"
+	$(BIN)/rocketlake sql --lake $(DEMO_DIR)/lake "SELECT topic, count(*) AS messages, sum(octet_length(body)) AS body_bytes FROM messages GROUP BY topic ORDER BY messages DESC"
+	$(BIN)/rocketlake sql --lake $(DEMO_DIR)/lake --saved message_by_key --param key=order-7
+	$(BIN)/rocketlake sql --lake $(DEMO_DIR)/lake --saved lagging_groups
+	$(BIN)/rocketlake sql --lake $(DEMO_DIR)/lake --saved dlq_volume
+	$(BIN)/rocketlake sql --lake $(DEMO_DIR)/lake --engine datafusion "SELECT run_id, status, planned, sent, selection FROM replay_runs ORDER BY started_at"
 	$(BIN)/rocketlake store generate $(DEMO_DIR)/store --messages 20000 --topics 4 --queues 4 --seed 7 --segment-bytes 4M --index-slots 5000
 	$(BIN)/rocketlake store verify $(DEMO_DIR)/store
 	$(BIN)/rocketlake store queues $(DEMO_DIR)/store
@@ -65,8 +71,9 @@ demo: venv java-check
 #   make bench-broker BENCH_ARGS="--seconds 1 --producers 1 --threads 1 --raw-messages 1000 --skip-cpp"
 #   make bench-ingest BENCH_ARGS="--sizes-gib 0.01 --broker-max-gib 0.01 --root build/bench-smoke"
 #   make bench-replay BENCH_ARGS="--messages 5000"
+#   make bench-sql BENCH_ARGS="--rows 200000 --engines duckdb datafusion"
 BENCH_ARGS ?=
-.PHONY: bench-decode bench-broker bench-ingest bench-replay
+.PHONY: bench-decode bench-broker bench-ingest bench-replay bench-sql
 
 bench-decode: venv
 	$(BIN)/python benchmarks/decode.py $(BENCH_ARGS)
@@ -80,5 +87,71 @@ bench-ingest: venv java-check
 bench-replay: venv java-check
 	$(BIN)/python benchmarks/replay.py $(BENCH_ARGS)
 
+bench-sql: venv java-check
+	$(BIN)/python benchmarks/sql.py $(BENCH_ARGS)
+
+# ---- Airflow (airflow_dags/): its own virtualenv, because Airflow pins many packages; the project's
+# .venv keeps Spark, and the DAGs run the jobs with .venv's spark-submit. constraints-airflow.txt is
+# the lock: a pip freeze of a resolved, pip-check-clean install of AIRFLOW_REQUIREMENTS (refresh it
+# with 'make airflow-lock'). The Spark provider pulls pyspark-client, which shares files with
+# pyspark: it is pinned to the project's pyspark version and pyspark itself never goes in here.
+AIRFLOW_VENV := .venv-airflow
+AIRFLOW_BIN := $(AIRFLOW_VENV)/bin
+AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
+AIRFLOW_REQUIREMENTS := apache-airflow==3.3.2 apache-airflow-providers-apache-spark==6.3.4 pyspark-client==4.2.0 pytest==9.2.0
+AIRFLOW_HOME_DIR ?= $(CURDIR)/build/airflow
+AIRFLOW_PORT ?= 8080
+AIRFLOW_ENV = AIRFLOW_HOME=$(AIRFLOW_HOME_DIR) AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/airflow_dags \
+	AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__API__HOST=127.0.0.1 AIRFLOW__API__PORT=$(AIRFLOW_PORT) \
+	AIRFLOW__API__BASE_URL=http://127.0.0.1:$(AIRFLOW_PORT) \
+	AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:$(AIRFLOW_PORT)/execution/ \
+	SPARK_LOCAL_IP=127.0.0.1
+.PHONY: airflow airflow-lock airflow-standalone test-airflow
+
+airflow: $(AIRFLOW_STAMP)
+
+$(AIRFLOW_STAMP): constraints-airflow.txt
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11"; exit 1; }
+	@test -x $(AIRFLOW_BIN)/python || $(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_BIN)/python -m pip install --quiet --upgrade pip
+	$(AIRFLOW_BIN)/python -m pip install --quiet -c constraints-airflow.txt $(AIRFLOW_REQUIREMENTS)
+	$(AIRFLOW_BIN)/python -m pip check
+	@if $(AIRFLOW_BIN)/python -m pip show --quiet pyspark >/dev/null 2>&1; then \
+		echo "error: pyspark is installed in $(AIRFLOW_VENV); it shares files with pyspark-client: rm -rf $(AIRFLOW_VENV) and rerun"; exit 1; fi
+	@touch $@
+
+# a new lock from a fresh resolve (commit the changed constraints-airflow.txt)
+airflow-lock:
+	rm -rf build/airflow-lock && $(PYTHON) -m venv build/airflow-lock
+	build/airflow-lock/bin/python -m pip install --quiet --upgrade pip
+	build/airflow-lock/bin/python -m pip install --quiet $(AIRFLOW_REQUIREMENTS)
+	build/airflow-lock/bin/python -m pip check
+	build/airflow-lock/bin/python -m pip freeze > constraints-airflow.txt
+	rm -rf build/airflow-lock
+
+# Airflow on this machine, UI on loopback only, DAG folder airflow_dags/, state in build/airflow.
+# First start: the Spark connection (local[2]) and the Variables rocketlake_lake/rocketlake_stores
+# are created when missing (stores: the 'make demo' store; change them in Admin -> Variables).
+airflow-standalone: airflow venv java-check
+	@mkdir -p $(AIRFLOW_HOME_DIR)
+	@$(AIRFLOW_ENV) $(AIRFLOW_BIN)/airflow db migrate >$(AIRFLOW_HOME_DIR)/db-migrate.log 2>&1 || { cat $(AIRFLOW_HOME_DIR)/db-migrate.log; exit 1; }
+	@$(AIRFLOW_ENV) $(AIRFLOW_BIN)/airflow connections get spark_default >/dev/null 2>&1 || \
+		$(AIRFLOW_ENV) $(AIRFLOW_BIN)/airflow connections add spark_default --conn-type spark --conn-host 'local[2]' >/dev/null
+	@$(AIRFLOW_ENV) $(AIRFLOW_BIN)/airflow variables get rocketlake_lake >/dev/null 2>&1 || \
+		$(AIRFLOW_ENV) $(AIRFLOW_BIN)/airflow variables set rocketlake_lake $(AIRFLOW_HOME_DIR)/lake >/dev/null
+	@$(AIRFLOW_ENV) $(AIRFLOW_BIN)/airflow variables get rocketlake_stores >/dev/null 2>&1 || \
+		$(AIRFLOW_ENV) $(AIRFLOW_BIN)/airflow variables set rocketlake_stores '{"broker-a": "$(CURDIR)/$(DEMO_DIR)/broker-store"}' >/dev/null
+	@echo "== Airflow UI/API on http://127.0.0.1:$(AIRFLOW_PORT) (loopback), DAGs from airflow_dags/, state in $(AIRFLOW_HOME_DIR)"
+	@echo "== log in as 'admin'; the password is printed below on the first start and kept in"
+	@echo "   $(AIRFLOW_HOME_DIR)/simple_auth_manager_passwords.json.generated"
+	@echo "== stores: Variable rocketlake_stores ('make demo' makes $(DEMO_DIR)/broker-store); new DAGs start paused"
+	@echo "   (unpause them in the UI); Ctrl-C stops Airflow"
+	$(AIRFLOW_ENV) PATH="$(CURDIR)/$(AIRFLOW_BIN):$$PATH" airflow standalone
+
+# the DAGs' tests, in the Airflow virtualenv: DagBag integrity, then 'airflow dags test' runs of the
+# DAGs against a copy of the golden store (they need .venv for spark-submit)
+test-airflow: airflow venv java-check
+	SPARK_LOCAL_IP=127.0.0.1 $(AIRFLOW_BIN)/python -m pytest -q tests/airflow
+
 clean:
-	rm -rf build $(VENV)
+	rm -rf build $(VENV) $(AIRFLOW_VENV)
