@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from pipelines import delta_writer
 
@@ -243,8 +244,14 @@ def scan_arrow(lake_dir: str | os.PathLike, name: str, columns: list[str] | None
     deltalake: partition and file statistics prune files). ``filter`` is a ``pyarrow.compute`` expression."""
     from deltalake import DeltaTable
 
-    dataset = DeltaTable(table_path(lake_dir, name)).to_pyarrow_dataset()
-    return dataset.to_table(columns=columns, filter=filter)
+    path = table_path(lake_dir, name)
+    dt = DeltaTable(path)
+    local = dt.table_uri.startswith("file://") or "://" not in dt.table_uri
+    # Local tables are read through pyarrow's own filesystem: with delta-rs's Python filesystem
+    # handler (the default), pyarrow's I/O threads can still be calling into Python at interpreter
+    # exit and abort the process (seen in ~10 % of runs), failing a job that had finished its work.
+    filesystem = pafs.SubTreeFileSystem(os.path.abspath(os.fspath(path)), pafs.LocalFileSystem()) if local else None
+    return dt.to_pyarrow_dataset(filesystem=filesystem).to_table(columns=columns, filter=filter)
 
 
 def read_table(spark, lake_dir: str | os.PathLike, name: str, *, engine: str | None = None):

@@ -35,6 +35,13 @@ def prepare_local_environment() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+def _master_given_outside() -> bool:
+    """True under spark-submit (its JVM, which holds ``--master``, hands the driver a gateway port)
+    or when the environment names a master; then the builder must not override it."""
+    return ("PYSPARK_GATEWAY_PORT" in os.environ or "spark.master" in os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+            or bool(os.environ.get("SPARK_MASTER")))
+
+
 def build_session(app_name: str = "rocketlake", master: str | None = None,
                   extra_conf: dict[str, str] | None = None, *, for_tests: bool = False) -> SparkSession:
     """``getOrCreate`` a session; ``master`` None keeps what spark-submit set (else ``local[2]``)."""
@@ -42,7 +49,7 @@ def build_session(app_name: str = "rocketlake", master: str | None = None,
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    elif "spark.master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", "") and not os.environ.get("SPARK_MASTER"):
+    elif not _master_given_outside():
         builder = builder.master("local[2]")
     conf = dict(BASE_CONF)
     if for_tests:
