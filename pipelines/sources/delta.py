@@ -78,6 +78,8 @@ from pyspark.sql.datasource import (
     StringStartsWith,
 )
 
+from pipelines.sources.options import opt_bool, opt_int
+
 log = logging.getLogger(__name__)
 
 FORMAT_NAME = "rocketlake_delta_scan"  # "rocketlake_delta" is the writer (pipelines.delta_writer)
@@ -95,21 +97,6 @@ _TS_MAX_SLACK_US = 1000
 
 # ---- options and paths ---------------------------------------------------------------------------
 
-def _opt_bool(options, name: str, default: bool) -> bool:
-    value = options.get(name)
-    if value is None:
-        return default
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
-
-
-def _opt_int(options, name: str, default: int | None) -> int | None:
-    value = options.get(name)
-    if value is None or str(value).strip() == "":
-        return default
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise ValueError(f"{FORMAT_NAME}: option {name!r} must be an integer, got {value!r}") from None
 
 
 def table_location(options) -> str:
@@ -516,12 +503,12 @@ class DeltaReader(DataSourceReader):
 
     def __init__(self, options, schema) -> None:
         self.location = table_location(options)
-        self.version = _opt_int(options, "versionAsOf", None)
-        self.guard = _opt_bool(options, "planGuard", False)
-        self.push_enabled = _opt_bool(options, "pushFilters", self.guard)
-        self.max_partition_bytes = _opt_int(options, "maxPartitionBytes", DEFAULT_MAX_PARTITION_BYTES)
-        self.open_cost = _opt_int(options, "openCostInBytes", DEFAULT_OPEN_COST_BYTES)
-        self.min_partitions = max(1, _opt_int(options, "minPartitions", 1))
+        self.version = opt_int(options, "versionAsOf", None, FORMAT_NAME)
+        self.guard = opt_bool(options, "planGuard", False)
+        self.push_enabled = opt_bool(options, "pushFilters", self.guard)
+        self.max_partition_bytes = opt_int(options, "maxPartitionBytes", DEFAULT_MAX_PARTITION_BYTES, FORMAT_NAME)
+        self.open_cost = opt_int(options, "openCostInBytes", DEFAULT_OPEN_COST_BYTES, FORMAT_NAME)
+        self.min_partitions = max(1, opt_int(options, "minPartitions", 1, FORMAT_NAME))
         if self.max_partition_bytes <= 0 or self.open_cost < 0:
             raise ValueError(f"{FORMAT_NAME}: maxPartitionBytes must be > 0 and openCostInBytes >= 0")
         self.schema = schema  # Spark StructType; the Arrow form is built where it is used
@@ -566,9 +553,9 @@ class DeltaDataSource(DataSource):
         from pyspark.sql.types import BooleanType, StructField
 
         location = table_location(self.options)
-        dt = _open_table(location, _opt_int(self.options, "versionAsOf", None))
+        dt = _open_table(location, opt_int(self.options, "versionAsOf", None, FORMAT_NAME))
         schema = from_arrow_schema(table_arrow_schema(dt))
-        if _opt_bool(self.options, "planGuard", False):
+        if opt_bool(self.options, "planGuard", False):
             if GUARD_COLUMN in schema.fieldNames():
                 raise ValueError(f"{FORMAT_NAME}: table {location} has a column named {GUARD_COLUMN}")
             schema = schema.add(StructField(GUARD_COLUMN, BooleanType(), True))

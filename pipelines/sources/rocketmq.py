@@ -86,6 +86,7 @@ from broker.store.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from schemas.messages import MESSAGES_SCHEMA, RECORD_SCHEMA, body_as_view
 from schemas.spark import spark_ddl
 from schemas.tables import CONSUME_QUEUE_SCHEMA, CORRUPT_RECORDS_SCHEMA, INDEX_ENTRIES_SCHEMA
+from pipelines.sources.options import opt_bool, opt_int
 
 DEFAULT_BROKER_NAME = "broker-a"
 DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024
@@ -98,21 +99,6 @@ NEVER_NULL = frozenset(RECORD_SCHEMA.names) - {"tags", "uniq_key"} | {
 
 # ---- options and paths -------------------------------------------------------------------------------
 
-def _opt_int(options, name: str, default: int | None) -> int | None:
-    value = options.get(name)
-    if value is None or str(value).strip() == "":
-        return default
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise ValueError(f"option {name!r} must be an integer, got {value!r}") from None
-
-
-def _opt_bool(options, name: str, default: bool) -> bool:
-    value = options.get(name)
-    if value is None:
-        return default
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
 def _store_path(options) -> str:
@@ -370,21 +356,21 @@ class RocketMQReader(DataSourceReader):
     def __init__(self, options) -> None:
         self.store_path = _store_path(options)
         self.broker_name = options.get("brokerName") or DEFAULT_BROKER_NAME
-        self.split_bytes = _opt_int(options, "splitBytes", DEFAULT_SPLIT_BYTES)
+        self.split_bytes = opt_int(options, "splitBytes", DEFAULT_SPLIT_BYTES)
         if self.split_bytes <= 0:
             raise ValueError("splitBytes must be positive")
-        self.from_offset = _opt_int(options, "fromOffset", None)
-        self.until_offset = _opt_int(options, "untilOffset", None)
-        self.segment_size = _opt_int(options, "segmentSize", None)
+        self.from_offset = opt_int(options, "fromOffset", None)
+        self.until_offset = opt_int(options, "untilOffset", None)
+        self.segment_size = opt_int(options, "segmentSize", None)
         self.ingest_run_id = options.get("ingestRunId")
-        self.verify_crc = _opt_bool(options, "verifyCrc", True)
+        self.verify_crc = opt_bool(options, "verifyCrc", True)
         # bodies as binary_view into the mapped segment (no copy): only for Python consumers of
         # read() such as pipelines.partition_writer; Spark itself needs the declared BINARY type
-        self.body_view = _opt_bool(options, "bodyView", False)
+        self.body_view = opt_bool(options, "bodyView", False)
         # Off unless asked for: PySpark 4.2.0 keeps the reader planned for a pushed-down query on
         # the DataFrame and reuses it for later queries on the same DataFrame (wrong row counts).
         # Jobs that build a fresh DataFrame per query turn it on with .option("pushFilters", "true").
-        self.push_enabled = _opt_bool(options, "pushFilters", False)
+        self.push_enabled = opt_bool(options, "pushFilters", False)
         self.pushed = PushedFilters()
         if self.from_offset is not None:
             self.pushed._lower("min_offset", self.from_offset)
@@ -708,9 +694,9 @@ class CommitLogFindingsReader(DataSourceReader):
     def __init__(self, options) -> None:
         self.store_path = _store_path(options)
         self.broker_name = options.get("brokerName") or DEFAULT_BROKER_NAME
-        self.from_offset = _opt_int(options, "fromOffset", None)
-        self.until_offset = _opt_int(options, "untilOffset", None)
-        self.segment_size = _opt_int(options, "segmentSize", None)
+        self.from_offset = opt_int(options, "fromOffset", None)
+        self.until_offset = opt_int(options, "untilOffset", None)
+        self.segment_size = opt_int(options, "segmentSize", None)
         self.ingest_run_id = options.get("ingestRunId")
 
     def partitions(self) -> list[InputPartition]:

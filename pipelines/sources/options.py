@@ -1,0 +1,23 @@
+"""Reading a Python data source's string options (``.option("splitBytes", 65536)`` arrives as "65536")."""
+
+from __future__ import annotations
+
+
+def opt_int(options, name: str, default: int | None, source: str = "") -> int | None:
+    """An integer option; blank or absent: ``default``; anything else is a ValueError naming it."""
+    value = options.get(name)
+    if value is None or str(value).strip() == "":
+        return default
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        prefix = f"{source}: " if source else ""
+        raise ValueError(f"{prefix}option {name!r} must be an integer, got {value!r}") from None
+
+
+def opt_bool(options, name: str, default: bool) -> bool:
+    """A flag: 1/true/yes/on (any case) is true, anything else false; absent: ``default``."""
+    value = options.get(name)
+    if value is None:
+        return default
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
