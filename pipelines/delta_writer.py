@@ -476,4 +476,6 @@ def _expire_markers(marker_dir: str, keep: str) -> None:
 
 def register(spark) -> None:
     """Register the data source with a session (idempotent)."""
-    spark.dataSource.register(RocketlakeDeltaDataSource)
+    from pipelines.session import register_data_source
+
+    register_data_source(spark, RocketlakeDeltaDataSource)

@@ -58,3 +58,18 @@ def build_session(app_name: str = "rocketlake", master: str | None = None,
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def register_data_source(spark: SparkSession, source: type) -> None:
+    """Register a Python data source with ``spark``; a source the session already sees is kept.
+
+    A session made with ``newSession()`` sees the sources of the session it came from, and PySpark
+    4.2.0 refuses to register one of those again (DATA_SOURCE_ALREADY_EXISTS) although the session
+    that registered it may do so freely."""
+    from pyspark.errors import AnalysisException
+
+    try:
+        spark.dataSource.register(source)
+    except AnalysisException as exc:
+        if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
+            raise

@@ -569,7 +569,9 @@ def register(spark) -> None:
     """Register the format with a session, and the filter pushdown it relies on."""
     if str(spark.conf.get("spark.sql.python.filterPushdown.enabled", "false")).lower() != "true":
         spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
-    spark.dataSource.register(DeltaDataSource)
+    from pipelines.session import register_data_source
+
+    register_data_source(spark, DeltaDataSource)
 
 
 def load_delta(spark, path: str | os.PathLike, **options: Any):

@@ -744,5 +744,7 @@ SOURCES = (RocketMQDataSource, RocketMQConsumeQueueDataSource, RocketMQIndexData
 
 def register_sources(spark) -> None:
     """Register ``rocketmq``, ``rocketmq_consume_queue`` and ``rocketmq_index`` with a session."""
+    from pipelines.session import register_data_source
+
     for source in SOURCES:
-        spark.dataSource.register(source)
+        register_data_source(spark, source)

@@ -74,6 +74,11 @@ def spill_partition(directory: str):
     return spill
 
 
+
+# which engine's views a session holds now: engines sharing a session (notebooks, tests) register
+# their lakes' views under the same names, so each re-registers its own before it queries
+_VIEW_OWNERS: dict[int, object] = {}
+
 class SparkEngine:
     name = "spark"
     backslash_escapes = True
@@ -97,10 +102,9 @@ class SparkEngine:
                 raise SqlError(f"cannot start a local Spark session (Spark needs Java 17): {exc}", self.name) from None
             spark.sparkContext.setLogLevel("FATAL")  # task failures: the CLI prints Spark's message once
             self._owns_session = True
-        else:
-            # temp views belong to a session: a session of our own (same context, same conf) keeps
-            # ours and the caller's from replacing each other
-            spark = spark.newSession()
+        # An active session is used as it is: the lake's views replace that session's temporary views
+        # of the same names. (Not a newSession(): PySpark 4.2.0 lets a derived session neither
+        # register nor find a Python data source its parent registered.)
         self.spark = spark
         self.refresh()
 
@@ -112,7 +116,7 @@ class SparkEngine:
         data source may have its schema and files fixed when it was made)."""
         paths = lake_tables(self.lake)
         markers = {name: _log_marker(path) for name, path in paths.items()}
-        if markers == self._markers:
+        if markers == self._markers and _VIEW_OWNERS.get(id(self.spark)) is self:
             return
         from pipelines.sql.views import register_lake_views
 
@@ -125,6 +129,7 @@ class SparkEngine:
             raise SqlError(_message(exc, ""), self.name) from None
         self._tables = dict(registered) if registered else dict(paths)
         self._markers = markers
+        _VIEW_OWNERS[id(self.spark)] = self
 
     def execute(self, sql: str) -> Result | None:
         from pyspark.sql.pandas.types import to_arrow_schema
