@@ -50,7 +50,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from broker.client import Admin, Message, Producer, PullConsumer, PullStatus  # noqa: E402
-from broker.client.instance import ClientInstance  # noqa: E402
 from broker.server.launcher import start_broker, start_namesrv  # noqa: E402
 
 log = logging.getLogger("benchmarks.replay")
@@ -205,8 +204,9 @@ class Cluster:
         with Admin(self.namesrv) as admin:
             for topic in topics:
                 admin.create_topic(self.broker.addr, topic, queues=QUEUES)
-        for topic in topics:
-            wait_routed(self.namesrv, topic)
+            for topic in topics:
+                if not admin.wait_writable(topic):
+                    raise RuntimeError(f"{topic} is not routed by {self.namesrv} after 30 s")
 
     def messages_in(self, topic: str, expected: int, timeout: float = 30.0) -> int:
         """Messages ``topic``'s queues hold, once they hold ``expected`` (the consume queues are
@@ -243,19 +243,6 @@ class Cluster:
             raise RuntimeError(f"{topic} holds no messages")
         return min(first), max(last)
 
-
-def wait_routed(namesrv: str, topic: str, timeout: float = 30.0) -> None:
-    client = ClientInstance(namesrv)
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            route = client.route(topic, refresh=True)
-            if route is not None and route.write_queues:
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"{topic} is not routed by {namesrv} after {timeout:.0f} s")
-    finally:
-        client.close()
 
 
 # ---- replays --------------------------------------------------------------------------------------------

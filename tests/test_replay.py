@@ -117,19 +117,8 @@ def world(tmp_path_factory, spark):
 
 
 def _wait_routed(namesrv: str, topic: str) -> None:
-    from broker.client.instance import ClientInstance
-
-    client = ClientInstance(namesrv)
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            route = client.route(topic, refresh=True)
-            if route is not None and route.write_queues:
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"{topic} not routed")
-    finally:
-        client.close()
+    with Admin(namesrv) as admin:
+        assert admin.wait_writable(topic), f"{topic} not routed"
 
 
 def replay(world, capsys, *args: str) -> tuple[int, str, str]:

@@ -122,6 +122,18 @@ class Admin:
             log.debug("waiting for the name server to route %s", topic)
             time.sleep(0.2)
 
+    def wait_writable(self, topic: str, timeout: float = 30.0) -> bool:
+        """Poll until the name server routes ``topic`` with a writable queue on a master (a producer
+        started now finds it); False after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            route = self.client.route(topic, refresh=True)
+            if route is not None and route.write_queues:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+
     # ---- brokers -----------------------------------------------------------------------------------
     def create_topic(self, broker_addr: str, topic: str, queues: int = 4, perm: int = 6, order: bool = False, *,
                      read_queues: int | None = None, write_queues: int | None = None) -> None:

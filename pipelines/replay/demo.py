@@ -105,10 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Admin(namesrv) as admin:
             admin.create_topic(broker.addr, REPLAYED_TOPIC, queues=4)
-        deadline = time.monotonic() + 30
-        with Admin(namesrv) as admin:
-            while time.monotonic() < deadline and admin.client.route(REPLAYED_TOPIC, refresh=True) is None:
-                time.sleep(0.2)
+            admin.wait_writable(REPLAYED_TOPIC)
         consumer = PushConsumer(FAILS, namesrv, healed, topic=PAYMENTS).start()
         time.sleep(1.0)
         print(f"== replay the {dlq_count} dead letters of {FAILS} back to {PAYMENTS} (consumer fixed)", flush=True)
