@@ -72,3 +72,13 @@ def spark():
     session = build_session("rocketlake-tests", "local[2]", for_tests=True)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A moto S3 HTTP server process on loopback for the whole run (see tests/s3_server.py)."""
+    from tests.s3_server import start_s3_server, stop_s3_server
+
+    server = start_s3_server()
+    yield server
+    stop_s3_server(server)

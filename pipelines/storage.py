@@ -1,0 +1,251 @@
+"""Where stores and lakes live: a local directory or a URI that ``pyarrow.fs`` and delta-rs reach.
+
+A :class:`Location` is the one value the jobs pass around for ``--store NAME=URI`` and ``--lake URI``:
+the URI (a local path is kept as an absolute path) plus its storage options. Storage options use
+delta-rs's names (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_REGION``, ``AWS_ALLOW_HTTP``, …,
+``GOOGLE_SERVICE_ACCOUNT``, ``AZURE_STORAGE_ACCOUNT_NAME``, …); the same keys are read from the
+environment of the process that parses the location and merged under the ones given with
+``--storage-option KEY=VALUE``. They are resolved on the driver and travel *with* the location into
+every Spark task (a Location pickles), so executors on other machines need no environment of their
+own. ``repr`` and ``str`` never show option values (they may be secrets).
+
+Why one class: the store reader (ranged reads of commitlog segments), the Delta writer (Parquet files
+written through the filesystem, then one delta-rs commit against the URI) and every report job need
+the same two views of a place: a ``pyarrow.fs`` filesystem with a path inside it, and delta-rs
+``storage_options``. Translating between the two naming schemes happens here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+# delta-rs option names (also environment variables) → pyarrow S3FileSystem keyword arguments
+_S3_KEYS = {
+    "AWS_ACCESS_KEY_ID": "access_key",
+    "AWS_SECRET_ACCESS_KEY": "secret_key",
+    "AWS_SESSION_TOKEN": "session_token",
+    "AWS_REGION": "region",
+    "AWS_DEFAULT_REGION": "region",
+    "AWS_ENDPOINT_URL": "endpoint_override",
+    "AWS_ENDPOINT": "endpoint_override",
+}
+# environment variables picked up for each scheme (besides the explicit --storage-option values)
+_ENV_PREFIXES = {
+    "s3": ("AWS_",),
+    "s3a": ("AWS_",),
+    "gs": ("GOOGLE_",),
+    "gcs": ("GOOGLE_",),
+    "abfs": ("AZURE_",),
+    "abfss": ("AZURE_",),
+    "az": ("AZURE_",),
+}
+LOCAL_SCHEMES = ("", "file")
+
+
+class StorageError(ValueError):
+    """A location that cannot be used (unknown scheme, bad option, unreachable filesystem)."""
+
+
+def parse_storage_options(values: Iterable[str]) -> dict[str, str]:
+    """``--storage-option KEY=VALUE`` values as a dict (later ones win); a malformed one raises."""
+    out: dict[str, str] = {}
+    for text in values:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise StorageError(f"--storage-option {text!r} is not KEY=VALUE")
+        out[key.strip()] = value
+    return out
+
+
+def _scheme(uri: str) -> str:
+    scheme = urlparse(uri).scheme.lower()
+    return "" if len(scheme) <= 1 else scheme  # a Windows drive letter is not a scheme
+
+
+def is_uri(text: str) -> bool:
+    """True for ``scheme://…`` (``file://`` included), False for a plain local path."""
+    return _scheme(text) != ""
+
+
+@dataclass(frozen=True)
+class Location:
+    """A directory: local (``uri`` is an absolute path) or remote (``uri`` is ``scheme://…``)."""
+
+    uri: str
+    options: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    # ---------------------------------------------------------------------------------- creation
+    @classmethod
+    def parse(cls, text: "str | os.PathLike | Location", options: Mapping[str, str] | None = None) -> "Location":
+        """``text`` as a Location. A relative local path becomes absolute, ``file:///x`` becomes
+        ``/x``; for a remote URI the scheme's environment variables are merged under ``options``."""
+        if isinstance(text, Location):
+            if not options:
+                return text
+            return cls(text.uri, tuple(sorted({**dict(text.options), **options}.items())))
+        raw = os.fspath(text)
+        scheme = _scheme(raw)
+        if scheme == "file":
+            raw = urlparse(raw).path or "/"
+            scheme = ""
+        if not scheme:
+            return cls(os.path.abspath(raw), tuple(sorted((options or {}).items())))
+        merged = {k: v for k, v in os.environ.items()
+                  if k.startswith(_ENV_PREFIXES.get(scheme, ("\0",)))}
+        merged.update(options or {})
+        return cls(raw.rstrip("/"), tuple(sorted(merged.items())))
+
+    # --------------------------------------------------------------------------------- properties
+    @property
+    def scheme(self) -> str:
+        return _scheme(self.uri)
+
+    @property
+    def is_local(self) -> bool:
+        return self.scheme == ""
+
+    @property
+    def option_map(self) -> dict[str, str]:
+        return dict(self.options)
+
+    def child(self, *parts: str) -> "Location":
+        """``<self>/<part>/…`` (same options)."""
+        if self.is_local:
+            return Location(os.path.join(self.uri, *parts), self.options)
+        return Location(posixpath.join(self.uri, *parts), self.options)
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.uri.rstrip("/"))
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def __repr__(self) -> str:  # never the option values
+        keys = ",".join(k for k, _ in self.options)
+        return f"Location({self.uri!r}{', options: ' + keys if keys else ''})"
+
+    def __fspath__(self) -> str:
+        if not self.is_local:
+            raise StorageError(f"{self.uri} is not a local path")
+        return self.uri
+
+    # --------------------------------------------------------------------------------- filesystems
+    def filesystem(self) -> tuple[pafs.FileSystem, str]:
+        """(pyarrow filesystem, path of this location inside it). Cached per process."""
+        return _filesystem(self.uri, self.options)
+
+    def delta_uri(self) -> str:
+        """The URI to give delta-rs (a local path as it is)."""
+        return self.uri
+
+    def delta_options(self) -> dict[str, str] | None:
+        """delta-rs ``storage_options`` (None for a local directory)."""
+        if self.is_local:
+            return None
+        opts = dict(self.options)
+        if self.scheme in ("s3", "s3a"):
+            endpoint = opts.get("AWS_ENDPOINT_URL") or opts.get("AWS_ENDPOINT") or ""
+            if endpoint.startswith("http://"):
+                opts.setdefault("AWS_ALLOW_HTTP", "true")
+        return opts
+
+    # --------------------------------------------------------------------------------- file access
+    def exists(self) -> bool:
+        fs, path = self.filesystem()
+        return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+    def is_dir(self) -> bool:
+        fs, path = self.filesystem()
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.Directory:
+            return True
+        if info.type == pafs.FileType.NotFound and not self.is_local:
+            # object stores have no directories: a prefix with objects under it counts as one
+            return bool(fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=False)))
+        return False
+
+    def list(self, recursive: bool = False) -> list[pafs.FileInfo]:
+        """Entries under this location ([] when there is none)."""
+        fs, path = self.filesystem()
+        try:
+            return fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=recursive))
+        except FileNotFoundError:
+            return []
+
+    def read_bytes(self) -> bytes:
+        fs, path = self.filesystem()
+        with fs.open_input_file(path) as fh:
+            return fh.readall()
+
+    def read_range(self, offset: int, length: int) -> bytes:
+        """``length`` bytes from ``offset`` (fewer at the end of the file): a ranged read, never the
+        whole object."""
+        fs, path = self.filesystem()
+        with fs.open_input_file(path) as fh:
+            return fh.read_at(length, offset)
+
+    def size(self) -> int:
+        fs, path = self.filesystem()
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(self.uri)
+        return int(info.size or 0)
+
+    def write_bytes(self, data: bytes) -> None:
+        fs, path = self.filesystem()
+        parent = posixpath.dirname(path)
+        if parent:
+            fs.create_dir(parent, recursive=True)
+        with fs.open_output_stream(path) as fh:
+            fh.write(data)
+
+
+_FS_CACHE: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[pafs.FileSystem, str]] = {}
+
+
+def _filesystem(uri: str, options: tuple[tuple[str, str], ...]) -> tuple[pafs.FileSystem, str]:
+    key = (uri, options)
+    hit = _FS_CACHE.get(key)
+    if hit is not None:
+        return hit
+    scheme = _scheme(uri)
+    if scheme == "":
+        result: tuple[pafs.FileSystem, str] = (pafs.LocalFileSystem(), uri)
+    elif scheme in ("s3", "s3a"):
+        opts = dict(options)
+        kwargs: dict[str, object] = {}
+        for key_name, arg in _S3_KEYS.items():
+            if opts.get(key_name) and arg not in kwargs:
+                kwargs[arg] = opts[key_name]
+        endpoint = kwargs.get("endpoint_override")
+        if isinstance(endpoint, str) and "://" in endpoint:
+            parsed = urlparse(endpoint)
+            kwargs["scheme"] = parsed.scheme
+            kwargs["endpoint_override"] = parsed.netloc + parsed.path.rstrip("/")
+        if opts.get("AWS_ALLOW_HTTP", "").lower() == "true" and "scheme" not in kwargs:
+            kwargs["scheme"] = "http"
+        parsed = urlparse(uri)
+        path = (parsed.netloc + parsed.path).rstrip("/")
+        try:
+            result = (pafs.S3FileSystem(**kwargs), path)
+        except Exception as exc:  # pragma: no cover - pyarrow reports bad arguments as ArrowInvalid
+            raise StorageError(f"{uri}: cannot set up S3 access: {exc}") from exc
+    else:
+        try:
+            result = pafs.FileSystem.from_uri(uri)
+        except Exception as exc:
+            raise StorageError(f"{uri}: pyarrow.fs cannot open this URI ({exc})") from exc
+    _FS_CACHE[key] = result
+    return result
+
+
+def as_location(value: "str | os.PathLike | Location") -> Location:
+    """Accept what callers have always passed (a path string) as well as a Location."""
+    return Location.parse(value)
