@@ -7,7 +7,9 @@ hops cost more than decoding and Parquet encoding together. Here Spark only sche
 ``spark.range(n, numPartitions=n).mapInArrow`` runs one task per reader partition, and the task
 calls ``reader.read(partition)`` and hands the batches to :class:`~pipelines.delta_writer.DeltaArrowWriter`
 in the same worker. Only the files' ``add`` actions travel back to the driver, which commits them all
-as ONE Delta transaction (with the app transaction), exactly as the data-source writer does.
+as ONE Delta transaction (with the app transaction) through :mod:`pipelines.delta_commit`, exactly as
+the data-source writer does. The lake may be a local directory or a URI (``s3://…``) with storage
+options: the tasks write through the table's pickled :class:`~pipelines.storage.Location`.
 
 Used for the delta-rs engine. With the Delta Spark jar, :func:`pipelines.lake.write_table` on the
 data-source DataFrame is the path (Spark's own ``delta`` writer then does the Parquet encoding).
@@ -27,8 +29,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from pipelines.delta_writer import AddInfo, DeltaArrowWriter, DeltaCommitMessage
-from pipelines.lake import WriteResult, already_recorded, read_writer_result, table_path, writer_result_file
+from pipelines.delta_files import DEFAULT_ROWS_PER_FILE, AddInfo
+from pipelines.delta_writer import DeltaArrowWriter, DeltaCommitMessage
+from pipelines.lake import WriteResult, already_recorded, result_from_outcome, table_location
+from pipelines.storage import Location
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +59,7 @@ def _in_range(batch: pa.RecordBatch, column: str, lo: int, hi: int) -> pa.Record
     return batch if pc.all(mask).as_py() else batch.filter(mask)
 
 
-def write_partitions(spark, reader: DataSourceReader, lake_dir: str | os.PathLike, name: str, *,
+def write_partitions(spark, reader: DataSourceReader, lake_dir: str | os.PathLike | Location, name: str, *,
                      schema: pa.Schema, partition_by: Iterable[str] = (),
                      app_id: str | None = None, app_version: int | None = None,
                      offset_range: tuple[str, int, int] | None = None,
@@ -69,21 +73,21 @@ def write_partitions(spark, reader: DataSourceReader, lake_dir: str | os.PathLik
     skipped = already_recorded(lake_dir, name, app_id, app_version, "delta-rs")
     if skipped is not None:
         return skipped
-    path = table_path(lake_dir, name)
+    table = table_location(lake_dir, name)
     parts = [p for p in reader.partitions() if type(p) is not InputPartition]  # noqa: E721 (the empty marker)
-    os.makedirs(path, exist_ok=True)
-    with writer_result_file() as result_file:
-        return _run(spark, reader, parts, path, result_file, schema=schema, partition_by=list(partition_by),
-                    app_id=app_id, app_version=app_version, offset_range=offset_range, label=label or name)
+    if table.is_local:
+        os.makedirs(table.uri, exist_ok=True)
+    return _run(spark, reader, parts, table, schema=schema, partition_by=list(partition_by),
+                app_id=app_id, app_version=app_version, offset_range=offset_range, label=label or name)
 
 
-def _run(spark, reader: DataSourceReader, parts: list[InputPartition], path: str, result_file: str, *,
+def _run(spark, reader: DataSourceReader, parts: list[InputPartition], table: Location, *,
          schema: pa.Schema, partition_by: list[str], app_id: str | None, app_version: int | None,
          offset_range: tuple[str, int, int] | None, label: str) -> WriteResult:
-    writer = DeltaArrowWriter(table_dir=path, arrow_schema=schema, partition_by=partition_by,
+    writer = DeltaArrowWriter(table=table, arrow_schema=schema, partition_by=partition_by,
                               overwrite=False, app_id=app_id, app_version=app_version,
-                              result_file=result_file, custom_metadata=None,
-                              rows_per_file=1_000_000)
+                              result_file=None, custom_metadata=None,
+                              rows_per_file=DEFAULT_ROWS_PER_FILE)
     total = len(parts)
 
     def produce(part: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -116,8 +120,7 @@ def _run(spark, reader: DataSourceReader, parts: list[InputPartition], path: str
     except BaseException:
         writer.abort([])  # removes every file of this job, also from tasks that never reported
         raise
-    writer.commit(messages)
-    return read_writer_result(path, result_file)
+    return result_from_outcome(str(table), writer.finish(messages))
 
 
 def collect_partitions(spark, reader: DataSourceReader, schema: pa.Schema) -> pa.Table:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+from datetime import timedelta
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 from urllib.parse import urlparse
@@ -207,43 +208,79 @@ class Location:
             fh.write(data)
 
 
+_LOCAL_FS = pafs.LocalFileSystem()
+GCS_RETRY_LIMIT = timedelta(seconds=30)
+# S3 clients per option set (one client for every path of a bucket: its connections are reused,
+# and a location's children do not each build a client); other schemes per URI
+_S3_CACHE: dict[tuple[tuple[str, str], ...], pafs.S3FileSystem] = {}
 _FS_CACHE: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[pafs.FileSystem, str]] = {}
 
 
 def _filesystem(uri: str, options: tuple[tuple[str, str], ...]) -> tuple[pafs.FileSystem, str]:
-    key = (uri, options)
-    hit = _FS_CACHE.get(key)
-    if hit is not None:
-        return hit
     scheme = _scheme(uri)
     if scheme == "":
-        result: tuple[pafs.FileSystem, str] = (pafs.LocalFileSystem(), uri)
-    elif scheme in ("s3", "s3a"):
-        opts = dict(options)
-        kwargs: dict[str, object] = {}
-        for key_name, arg in _S3_KEYS.items():
-            if opts.get(key_name) and arg not in kwargs:
-                kwargs[arg] = opts[key_name]
-        endpoint = kwargs.get("endpoint_override")
-        if isinstance(endpoint, str) and "://" in endpoint:
-            parsed = urlparse(endpoint)
-            kwargs["scheme"] = parsed.scheme
-            kwargs["endpoint_override"] = parsed.netloc + parsed.path.rstrip("/")
-        if opts.get("AWS_ALLOW_HTTP", "").lower() == "true" and "scheme" not in kwargs:
-            kwargs["scheme"] = "http"
+        return _LOCAL_FS, uri
+    if scheme in ("s3", "s3a"):
         parsed = urlparse(uri)
-        path = (parsed.netloc + parsed.path).rstrip("/")
+        return _s3_filesystem(uri, options), (parsed.netloc + parsed.path).rstrip("/")
+    key = (uri, options)
+    hit = _FS_CACHE.get(key)
+    if hit is None:
         try:
-            result = (pafs.S3FileSystem(**kwargs), path)
-        except Exception as exc:  # pragma: no cover - pyarrow reports bad arguments as ArrowInvalid
-            raise StorageError(f"{uri}: cannot set up S3 access: {exc}") from exc
-    else:
-        try:
-            result = pafs.FileSystem.from_uri(uri)
+            if scheme in ("gs", "gcs"):
+                # pyarrow's default keeps retrying for 15 minutes when no credentials answer: a
+                # wrong set-up must fail within a minute with its message instead of hanging
+                parsed = urlparse(uri)
+                hit = (pafs.GcsFileSystem(retry_time_limit=GCS_RETRY_LIMIT), (parsed.netloc + parsed.path).rstrip("/"))
+            else:
+                hit = pafs.FileSystem.from_uri(uri)
+            _FS_CACHE[key] = hit
         except Exception as exc:
             raise StorageError(f"{uri}: pyarrow.fs cannot open this URI ({exc})") from exc
-    _FS_CACHE[key] = result
-    return result
+    return hit
+
+
+def _s3_filesystem(uri: str, options: tuple[tuple[str, str], ...]) -> pafs.S3FileSystem:
+    hit = _S3_CACHE.get(options)
+    if hit is not None:
+        return hit
+    opts = dict(options)
+    kwargs: dict[str, object] = {}
+    for key_name, arg in _S3_KEYS.items():
+        if opts.get(key_name) and arg not in kwargs:
+            kwargs[arg] = opts[key_name]
+    endpoint = kwargs.get("endpoint_override")
+    if isinstance(endpoint, str) and "://" in endpoint:
+        parsed = urlparse(endpoint)
+        kwargs["scheme"] = parsed.scheme
+        kwargs["endpoint_override"] = parsed.netloc + parsed.path.rstrip("/")
+    if opts.get("AWS_ALLOW_HTTP", "").lower() == "true" and "scheme" not in kwargs:
+        kwargs["scheme"] = "http"
+    try:
+        fs = _S3_CACHE[options] = pafs.S3FileSystem(**kwargs)
+    except Exception as exc:  # pragma: no cover - pyarrow reports bad arguments as ArrowInvalid
+        raise StorageError(f"{uri}: cannot set up S3 access: {exc}") from exc
+    return fs
+
+
+SOURCE_OPTION_PREFIX = "storage."  # a Spark data source gets a Location's options as storage.KEY
+
+
+def source_options(location: Location) -> dict[str, str]:
+    """The storage options of ``location`` as Spark data-source options (``storage.KEY``): string
+    options are all a Python data source receives. Spark redacts options whose names match
+    ``spark.redaction.regex`` (secret, token, access key) in plans and the UI."""
+    return {SOURCE_OPTION_PREFIX + key: value for key, value in location.options}
+
+
+def location_from_source_options(path: str, options: Mapping[str, str]) -> Location:
+    """The Location a data source was given as ``path`` plus ``storage.KEY`` options. Spark
+    lower-cases option names; they are upper-cased back (delta-rs and object_store read storage
+    option names in either case, pyarrow's S3 set-up here reads the upper-case ones)."""
+    prefix = SOURCE_OPTION_PREFIX
+    given = {key[len(prefix):].upper(): value for key, value in options.items()
+             if key.lower().startswith(prefix)}
+    return Location.parse(path, given)
 
 
 def as_location(value: "str | os.PathLike | Location") -> Location:

@@ -5,17 +5,24 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
 from pipelines import delta_writer, lake
+from pipelines.delta_files import AddInfo, FileSetWriter
+from pyspark import cloudpickle
 from schemas.messages import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA
+
+# the Python workers cannot import this test module: ship what its writer classes use by value
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 N_ROWS = 60
 UTC = dt.timezone.utc
@@ -52,6 +59,145 @@ def _messages(n: int = N_ROWS, start: int = 0) -> pa.Table:
         row["commitlog_offset"] = i * 4096
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=MESSAGES_SCHEMA)
+
+
+class RecomputedStats:
+    """The oracle: how the writer computed an ``add``'s statistics before they came from the
+    Parquet footer (``pc.min_max`` over every batch written, merged; the same rules)."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.num_records = 0
+        self.min: dict = {}
+        self.max: dict = {}
+        self.nulls: dict[str, int] = {}
+        self.no_minmax: set[str] = set()
+
+    @staticmethod
+    def _supported(typ: pa.DataType) -> bool:
+        return (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_string(typ)
+                or pa.types.is_large_string(typ) or pa.types.is_timestamp(typ) or pa.types.is_date(typ)
+                or pa.types.is_boolean(typ) or pa.types.is_decimal(typ))
+
+    @staticmethod
+    def _value(value, typ: pa.DataType):
+        if value is None:
+            return None
+        if pa.types.is_timestamp(typ):
+            if value.tzinfo is not None:
+                value = value.astimezone(UTC).replace(tzinfo=None)
+            return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        if pa.types.is_date(typ):
+            return value.isoformat()
+        if pa.types.is_decimal(typ):
+            return float(value)
+        if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+            return None
+        return value
+
+    def update(self, table: pa.Table) -> None:
+        self.num_records += table.num_rows
+        for f in self.schema:
+            if not self._supported(f.type):
+                continue
+            col = table.column(f.name)
+            self.nulls[f.name] = self.nulls.get(f.name, 0) + col.null_count
+            if f.name in self.no_minmax or col.null_count == len(col):
+                continue
+            if pa.types.is_floating(f.type) and pc.any(pc.is_nan(col)).as_py():
+                self.no_minmax.add(f.name)
+                self.min.pop(f.name, None)
+                self.max.pop(f.name, None)
+                continue
+            mm = pc.min_max(col)
+            lo, hi = mm["min"].as_py(), mm["max"].as_py()
+            if f.name not in self.min or lo < self.min[f.name]:
+                self.min[f.name] = lo
+            if f.name not in self.max or hi > self.max[f.name]:
+                self.max[f.name] = hi
+
+    def to_json(self) -> str:
+        mins, maxs = {}, {}
+        for f in self.schema:
+            if f.name in self.min:
+                lo, hi = self.min[f.name], self.max[f.name]
+                if isinstance(lo, str) and len(lo) > 32:
+                    lo = lo[:32]
+                if isinstance(hi, str) and len(hi) > 32:
+                    hi = None
+                lo, hi = self._value(lo, f.type), self._value(hi, f.type)
+                if lo is not None:
+                    mins[f.name] = lo
+                if hi is not None:
+                    maxs[f.name] = hi
+        return json.dumps({"numRecords": self.num_records, "minValues": mins, "maxValues": maxs,
+                           "nullCount": dict(self.nulls)}, separators=(",", ":"))
+
+
+STATS_EXTRA = pa.schema([("long_text", pa.string()), ("huge_text", pa.string()), ("score", pa.float64()),
+                         ("ratio", pa.float64()), ("amount", pa.decimal128(12, 3)), ("ok", pa.bool_()),
+                         ("tiny", pa.int8()), ("local_time", pa.timestamp("us")), ("event_date", pa.date32())])
+
+
+def stats_table(n: int = 240) -> pa.Table:
+    """Messages rows plus columns that exercise every statistics rule: strings over 32 characters,
+    strings over Parquet's 4096-byte statistics limit, NaN, zeros, decimals, booleans, int8, naive
+    timestamps, dates, nulls."""
+    base = _messages(n)
+    extra = {
+        "long_text": [None if i % 7 == 0 else chr(97 + i % 26) * (20 + i % 30) + f"{i:04d}" for i in range(n)],
+        "huge_text": [None if i % 13 == 0 else ("h" * 5000 + str(i) if i % 50 == 3 else f"t{i % 9}")
+                      for i in range(n)],
+        "score": [float("nan") if i % 37 == 5 else None if i % 11 == 0 else i * 0.5 - 20 for i in range(n)],
+        "ratio": [(i % 10) / 4 for i in range(n)],
+        "amount": [None if i % 6 == 1 else __import__("decimal").Decimal(f"{i - 100}.125") for i in range(n)],
+        "ok": [None if i % 5 == 0 else i % 3 == 0 for i in range(n)],
+        "tiny": [i % 100 - 50 for i in range(n)],
+        "local_time": [dt.datetime(2024, 1, 1) + dt.timedelta(seconds=37 * i, microseconds=i) for i in range(n)],
+        "event_date": [None if i % 8 == 0 else dt.date(2023, 12, 1) + dt.timedelta(days=i % 45) for i in range(n)],
+    }
+    for field in STATS_EXTRA:
+        base = base.append_column(field, pa.array(extra[field.name], field.type))
+    return base
+
+
+def check_footer_stats(table) -> list[AddInfo]:
+    """Write :func:`stats_table` through :class:`FileSetWriter` into ``table`` (a Location), many
+    row groups per file; assert every file's footer statistics JSON equals the recomputed one."""
+    data = stats_table()
+    writer = FileSetWriter(table, data.schema, MESSAGES_PARTITION_BY, "part-00000-stats-a0")
+    for start in range(0, data.num_rows, 17):
+        writer.write(data.slice(start, 17))
+    infos = writer.close()
+    fs, root = table.filesystem()
+    file_schema = pa.schema([f for f in data.schema if f.name not in MESSAGES_PARTITION_BY])
+    for info in infos:
+        with fs.open_input_file(f"{root}/{info.path}") as fh:
+            pf = pq.ParquetFile(fh)
+            assert pf.metadata.num_row_groups > 1
+            oracle = RecomputedStats(file_schema)
+            for i in range(pf.metadata.num_row_groups):
+                oracle.update(pf.read_row_group(i))
+        assert info.stats == oracle.to_json(), info.path
+        assert info.num_records == oracle.num_records
+    assert sum(i.num_records for i in infos) == data.num_rows
+    # the rules were exercised: NaN files have no score bounds, long strings only a min prefix,
+    # strings beyond the footer's limit still have their bounds
+    stats = [json.loads(i.stats) for i in infos]
+    assert any("score" not in s["minValues"] and s["nullCount"]["score"] < s["numRecords"] for s in stats)
+    assert any("score" in s["minValues"] for s in stats)
+    assert any(len(s["minValues"]["long_text"]) == 32 and "long_text" not in s["maxValues"] for s in stats)
+    assert any(s["minValues"]["huge_text"] == "h" * 32 and s["maxValues"]["huge_text"].startswith("t")
+               for s in stats)
+    assert all("body" not in s["nullCount"] and "properties" not in s["nullCount"] for s in stats)
+    return infos
+
+
+def test_footer_stats_equal_recomputed_stats(tmp_path):
+    from pipelines.storage import Location
+
+    infos = check_footer_stats(Location.parse(tmp_path / "t"))
+    assert len(infos) == 9  # one file per (broker, date) partition
 
 
 def _df(spark, table: pa.Table, partitions: int = 3):
@@ -209,17 +355,37 @@ def test_app_version_replay_is_skipped(spark, lake_dir):
     assert set(DeltaTable(path).file_uris()) == _data_files(path)
 
 
-def _failing_source():
-    """A data source whose task for Spark partition 1 writes its files and then fails, while the
-    task for partition 0 only starts writing after the driver has aborted the job."""
-    import time
+def wait_until(condition, what: str, timeout_s: float = 120.0, poll_s: float = 0.02) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout_s`` (a safety net
+    for a hung run, not a timing assumption)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(poll_s)
 
+
+def _failing_source(report_file: str):
+    """A data source whose task for Spark partition 1 writes its files and then fails, while the
+    task for partition 0 only starts writing once the driver has aborted the job (its abort
+    marker exists); partition 0 then records in ``report_file`` how its write ended."""
     from pyspark import TaskContext
 
     class FailingWriter(delta_writer.DeltaArrowWriter):
         def write(self, iterator):
             if TaskContext.get().partitionId() == 0:
-                time.sleep(2)
+                marker = self.table.child(delta_writer.ABORT_MARKER_DIR, self.job_id)
+                wait_until(marker.exists, f"abort marker {marker}")
+                try:
+                    message = super().write(iterator)
+                    outcome = {"error": None, "files": len(message.files)}
+                except Exception as exc:
+                    outcome = {"error": str(exc)}
+                tmp = f"{report_file}.tmp"
+                with open(tmp, "w", encoding="utf-8") as fh:
+                    json.dump(outcome, fh)
+                os.replace(tmp, report_file)
+                raise RuntimeError("straggler done")
             message = super().write(iterator)
             if TaskContext.get().partitionId() == 1:
                 raise RuntimeError("injected executor failure")
@@ -243,7 +409,8 @@ def test_executor_failure_aborts_and_leaves_table_unchanged(spark, lake_dir):
     lake.write_table(_df(spark, _messages(9)), lake_dir, "m", partition_by=MESSAGES_PARTITION_BY,
                      schema=MESSAGES_SCHEMA)
     files_before = _data_files(path)
-    spark.dataSource.register(_failing_source())
+    straggler_file = os.path.join(lake_dir, "..", "straggler.json")
+    spark.dataSource.register(_failing_source(straggler_file))
     result_file = os.path.join(lake_dir, "..", "abort.json")
     with pytest.raises(Exception, match="injected executor failure"):
         (_df(spark, _messages(30, 100)).write.format("rocketlake_delta_failing").mode("append")
@@ -252,7 +419,10 @@ def test_executor_failure_aborts_and_leaves_table_unchanged(spark, lake_dir):
          .option("resultFile", result_file).save(path))
     with open(result_file) as fh:
         assert json.load(fh)["reason"] == "aborted: a write task failed"
-    time.sleep(3)  # let a straggler task (partition 0) finish: it must clean up after itself
+    # the straggler (partition 0) wrote a file after the abort, saw the marker and removed it
+    wait_until(lambda: os.path.exists(straggler_file), "the straggler task's report")
+    with open(straggler_file) as fh:
+        assert json.load(fh)["error"].endswith("was aborted")
     assert DeltaTable(path).version() == 0
     assert _data_files(path) == files_before
     assert DeltaTable(path).to_pyarrow_table().num_rows == 9
