@@ -1,26 +1,33 @@
 """The ``messages`` record: one row per CommitLog message record.
 
 ``RECORD_SCHEMA`` is what the store decoder (:mod:`broker.store.columnar`) emits and what
-``rocketlake store messages`` prints, field for field; the Delta ``messages`` table uses the same
-names. Columns are (name, Arrow type, description) so docs and Spark DDL derive from one list.
+``rocketlake store messages`` prints, field for field; the Delta ``messages`` table (:data:`MESSAGES`)
+is the same columns plus lineage and derived ones. Columns are (name, Arrow type, description) so
+docs, field metadata and Spark schemas derive from one list.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-RECORD_COLUMNS: list[tuple[str, pa.DataType, str]] = [
+from broker.store.constants import COMPRESSION_NAMES, MESSAGE_MAGIC_CODES, TRANSACTION_TYPE_NAMES, signed32
+from schemas.contract import Allowed, Columns, TableContract, one_of, schema_of
+
+# the record magic as the decoder emits it (a signed Java int)
+MAGIC_CODE_VALUES: tuple[int, ...] = tuple(signed32(m) for m in MESSAGE_MAGIC_CODES)
+
+RECORD_COLUMNS: Columns = [
     ("commitlog_offset", pa.int64(), "physical offset of the record in the CommitLog"),
     ("store_size", pa.int32(), "TOTALSIZE: bytes of the whole record"),
-    ("magic_code", pa.int32(), "record magic as a signed int (-626843481 = V1, -626843477 = V2)"),
+    ("magic_code", pa.int32(), "record magic as a signed int ({} = V1, {} = V2)".format(*MAGIC_CODE_VALUES)),
     ("body_crc", pa.int32(), "BODYCRC as stored (CRC-32 of the stored body & 0x7FFFFFFF)"),
     ("body_crc_ok", pa.bool_(), "stored BODYCRC equals the CRC recomputed over the stored body"),
     ("queue_id", pa.int32(), "queue id in the stored topic"),
     ("flag", pa.int32(), "user flag"),
     ("queue_offset", pa.int64(), "logical offset in the ConsumeQueue (0 for PREPARED/ROLLBACK)"),
     ("sys_flag", pa.int32(), "sysFlag bits as stored"),
-    ("transaction_type", pa.string(), "NOT | PREPARED | COMMIT | ROLLBACK"),
-    ("compression", pa.string(), "NONE | ZLIB | LZ4 | ZSTD"),
+    ("transaction_type", pa.string(), one_of(TRANSACTION_TYPE_NAMES)),
+    ("compression", pa.string(), one_of(COMPRESSION_NAMES)),
     ("born_timestamp", pa.int64(), "producer clock, epoch ms"),
     ("store_timestamp", pa.int64(), "broker clock at append, epoch ms"),
     ("born_host", pa.string(), "producer address 'a.b.c.d:port' or '[v6]:port'"),
@@ -37,12 +44,12 @@ RECORD_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("body", pa.binary(), "payload as the producer sent it (decompressed)"),
 ]
 
-RECORD_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in RECORD_COLUMNS])
+RECORD_SCHEMA = schema_of(RECORD_COLUMNS)
 RECORD_FIELD_NAMES = [name for name, _, _ in RECORD_COLUMNS]
 
 
 # ---- the Delta ``messages`` table: the record columns plus lineage and derived columns ----------------
-LAKE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
+LAKE_COLUMNS: Columns = [
     ("born_time", pa.timestamp("us", tz="UTC"), "born_timestamp as a UTC timestamp"),
     ("store_time", pa.timestamp("us", tz="UTC"), "store_timestamp as a UTC timestamp"),
     ("broker_name", pa.string(), "broker the store belongs to (--store NAME=PATH)"),
@@ -55,10 +62,22 @@ LAKE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("origin_msg_id", pa.string(), "ORIGIN_MESSAGE_ID (or 5.x DLQ_ORIGIN_MESSAGE_ID) of a retried message"),
 ]
 
-MESSAGES_TABLE = "messages"
-MESSAGES_COLUMNS = RECORD_COLUMNS + LAKE_COLUMNS
-MESSAGES_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in MESSAGES_COLUMNS])
-MESSAGES_PARTITION_BY = ["broker_name", "store_date"]
+MESSAGES = TableContract(
+    name="messages",
+    description="one row per CommitLog message record of each broker's store, decoded field for field",
+    columns=RECORD_COLUMNS + LAKE_COLUMNS,
+    partition_by=("broker_name", "store_date"),
+    key=("broker_name", "commitlog_offset"),
+    required=("commitlog_offset", "topic"),
+    allowed=(Allowed("magic_code", MAGIC_CODE_VALUES),
+             Allowed("transaction_type", TRANSACTION_TYPE_NAMES),
+             Allowed("compression", COMPRESSION_NAMES)),
+)
+
+MESSAGES_TABLE = MESSAGES.name
+MESSAGES_COLUMNS: Columns = list(MESSAGES.columns)
+MESSAGES_SCHEMA = MESSAGES.schema
+MESSAGES_PARTITION_BY = list(MESSAGES.partition_by)
 
 
 def body_as_view(schema: pa.Schema) -> pa.Schema:

@@ -15,7 +15,7 @@ How GX is used (1.x API, pyspark 4.2, offline):
 * Spark DataFrame datasource (``context.data_sources.add_spark``), one dataframe asset and one
   whole-dataframe batch definition per table, one validation definition and one checkpoint per table
   (``rocketlake.<table>``): a checkpoint passes the same ``batch_parameters`` to all its
-  validations, so one checkpoint cannot feed eleven different DataFrames. All tables of one run
+  validations, so one checkpoint cannot feed each table its own DataFrame. All tables of one run
   share a GX run name (our run id), so Data Docs group them. The checkpoints carry no
   ``UpdateDataDocsAction``: it re-renders the index page per checkpoint (about a quarter of a
   five-table run); the run instead builds this run's pages, the suites' pages and the index once, with
@@ -26,8 +26,8 @@ How GX is used (1.x API, pyspark 4.2, offline):
   samples; passing expectations are recorded as passed without counts.
 * The DataFrame is filtered to ``--broker`` if given, projected to the columns the suite reads and
   persisted by us (the datasource's own ``persist`` is off) then unpersisted after the table: the
-  ``messages`` bodies never go into the cache, and a run over eleven tables does not keep eleven
-  cached tables alive.
+  ``messages`` bodies never go into the cache, and a run over every table does not keep them all
+  cached.
 * Offline: analytics are disabled (``GX_ANALYTICS_ENABLED=false`` in the environment and
   ``analytics_enabled: false`` in the project config; GX 1.24 has no sender left, this keeps it so),
   the context is ``mode="file"`` (never the Cloud context, whatever ``GX_CLOUD_*`` variables say),
@@ -59,6 +59,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+from pipelines.storage import Location
 from pipelines.quality.suites import (
     ALL_TABLES,
     DEFAULT_SKEW_MS,
@@ -218,27 +219,31 @@ class QualitySummary:
 
 
 # ---- the GX project ------------------------------------------------------------------------------------
-def quality_dir(lake: str | os.PathLike) -> Path:
-    """``<lake>/_quality``: beside the tables (not a Delta table, so no reader lists it as one), so
-    the results travel with the lake. Local only: GX's file context and site are plain files."""
-    lake = os.fspath(lake)
-    if "://" in lake:
-        raise ValueError(f"quality results need a local lake directory, not {lake}")
-    return Path(lake) / QUALITY_DIR
+def quality_dir(lake, results_dir: str | os.PathLike | None = None) -> Path:
+    """``results_dir`` when given, else ``<lake>/_quality``: beside the tables (not a Delta table, so
+    no reader lists it as one), so the results travel with the lake. GX's file context and Data Docs
+    site are plain local files, so a lake behind a URI needs ``results_dir``."""
+    if results_dir is not None:
+        return Path(results_dir)
+    location = Location.parse(lake)
+    if not location.is_local:
+        raise ValueError(f"quality results for the lake {location} need a local directory (--quality-dir): "
+                         "GX's results and Data Docs are plain files")
+    return Path(location.uri) / QUALITY_DIR
 
 
-def data_docs_index(lake: str | os.PathLike) -> Path:
-    return quality_dir(lake) / DATA_DOCS_DIR / "index.html"
+def data_docs_index(lake, results_dir: str | os.PathLike | None = None) -> Path:
+    return quality_dir(lake, results_dir) / DATA_DOCS_DIR / "index.html"
 
 
-def open_context(lake: str | os.PathLike):
+def open_context(lake, results_dir: str | os.PathLike | None = None):
     """The file-backed GX context of the lake (``<lake>/_quality/gx``), created on first use and set
     up for offline use: analytics off, no progress bars, our local Data Docs site only."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
-    root = quality_dir(lake)
+    root = quality_dir(lake, results_dir)
     root.mkdir(parents=True, exist_ok=True)
     context = gx.get_context(mode="file", project_root_dir=str(root))
     if context.config.analytics_enabled is not False:
@@ -401,20 +406,22 @@ def new_run_id(now: datetime) -> str:
     return f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
 
 
-def validate_lake(spark, lake: str | os.PathLike, *, tables: Iterable[str] | None = None,
+def validate_lake(spark, lake: "str | os.PathLike | Location", *, tables: Iterable[str] | None = None,
                   broker: str | None = None, skew_ms: int = DEFAULT_SKEW_MS, context=None,
-                  run_id: str | None = None) -> QualitySummary:
+                  run_id: str | None = None, results_dir: str | os.PathLike | None = None) -> QualitySummary:
     """Run the suites of ``tables`` (default: all, in :data:`ALL_TABLES` order) against the lake.
 
     Writes the per-table result JSON and ``summary.json`` under ``<lake>/_quality/results/<run_id>``
     and updates the Data Docs site; returns the summary (``exit_code`` 1 on a critical failure).
-    ``context`` lets a caller reuse one GX context (``open_context(lake)``) across runs.
+    ``context`` lets a caller reuse one GX context (``open_context(lake)``) across runs;
+    ``results_dir`` puts results and Data Docs there instead of ``<lake>/_quality`` (needed for a
+    lake behind a URI).
     """
     from great_expectations.core.run_identifier import RunIdentifier
 
     from pipelines.lake import table_exists
 
-    lake = os.fspath(lake)
+    lake = Location.parse(lake)
     names = list(ALL_TABLES if tables is None else tables)
     unknown = [t for t in names if t not in ALL_TABLES]
     if unknown:
@@ -422,8 +429,8 @@ def validate_lake(spark, lake: str | os.PathLike, *, tables: Iterable[str] | Non
     started_at = datetime.now(timezone.utc)
     started = time.monotonic()
     run_id = run_id or new_run_id(started_at)
-    context = context if context is not None else open_context(lake)
-    run_dir = quality_dir(lake) / RESULTS_DIR / run_id
+    context = context if context is not None else open_context(lake, results_dir)
+    run_dir = quality_dir(lake, results_dir) / RESULTS_DIR / run_id
     run_dir.mkdir(parents=True, exist_ok=False)
     run_identifier = RunIdentifier(run_name=run_id, run_time=started_at)
 
@@ -445,7 +452,7 @@ def validate_lake(spark, lake: str | os.PathLike, *, tables: Iterable[str] | Non
         log_line("quality %s", outcome.line())
         results.append(outcome)
 
-    index = data_docs_index(lake)
+    index = data_docs_index(lake, results_dir)
     try:
         # this run's pages and the index, once (what UpdateDataDocsAction does per checkpoint); with
         # nothing validated and no site yet, the whole (empty) site, so there is always one to open
@@ -458,7 +465,7 @@ def validate_lake(spark, lake: str | os.PathLike, *, tables: Iterable[str] | Non
         if result.status not in (SKIPPED, ERROR):
             pages = sorted((index.parent / "validations" / result.table / run_id).glob("*/*.html"))
             result.data_docs_page = str(pages[-1]) if pages else None
-    summary = QualitySummary(run_id, lake, started_at, str(run_dir), str(index) if index.exists() else None,
+    summary = QualitySummary(run_id, str(lake), started_at, str(run_dir), str(index) if index.exists() else None,
                              results, broker, skew_ms, time.monotonic() - started)
     (run_dir / SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=2, default=str) + "\n",
                                         encoding="utf-8")

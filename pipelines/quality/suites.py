@@ -13,6 +13,12 @@ Suites are built in code, not edited in the GX project: the code is the single d
 file-backed context under ``<lake>/_quality/gx`` is refreshed from it on every run. The number of
 expectations is kept small on purpose: on Spark each one costs a handful of jobs.
 
+Every suite starts with what the table's contract (:mod:`schemas.registry`) declares, all critical:
+its required columns are not null, its key is unique, its enumerated columns hold only their allowed
+values (:func:`contract_expectations`). The builders below add only what a contract cannot say:
+ranges, comparisons between columns, and the warnings. The tables, their columns and their order
+are the registry's too: a table the project writes has a suite.
+
 Uniqueness is per broker: commitlog offsets, queue offsets and message ids only mean something
 within one broker's store, so the keys include ``broker_name`` and use GX's
 ``expect_compound_columns_to_be_unique``. Checks that compare a column with an expression of another
@@ -23,8 +29,6 @@ listed in its ``meta["columns"]`` so the runner can project the table down to wh
 
 from __future__ import annotations
 
-import importlib
-import logging
 from typing import Any, Callable, Iterable
 
 import pyarrow as pa
@@ -34,39 +38,21 @@ from great_expectations.expectations.expectation import Expectation
 from great_expectations.expectations.metadata_types import FailureSeverity
 from great_expectations.expectations.row_conditions import Column
 
-from broker.store.constants import (
-    DEFAULT_MAX_MESSAGE_SIZE,
-    MAX_RECORD_OVERHEAD,
-    MESSAGE_MAGIC_CODES,
-    MIN_MESSAGE_RECORD_SIZE,
-    TRANSACTION_TYPE_NAMES,
-    signed32,
-)
+from broker.store.constants import DEFAULT_MAX_MESSAGE_SIZE, MAX_RECORD_OVERHEAD, MIN_MESSAGE_RECORD_SIZE
 from broker.store.topics import DLQ_GROUP_TOPIC_PREFIX
-from schemas.messages import MESSAGES_SCHEMA, MESSAGES_TABLE
+from schemas.contract import TableContract
+from schemas.messages import MESSAGES_TABLE
+from schemas.registry import INGEST_TABLES, REPLAY_TABLES, REPORT_TABLES, TABLES
+from schemas.replay import REPLAY_LEDGER_TABLE, REPLAY_RUNS_TABLE
 from schemas.reports import (
     AUDIT_FINDINGS_TABLE,
     CONSUMER_LAG_STATUS_TABLE,
     CONSUMER_LAG_TABLE,
     DLQ_MESSAGES_TABLE,
     DLQ_SUMMARY_TABLE,
-    REPORT_SCHEMAS,
     TOPIC_DAILY_STATS_TABLE,
 )
-from schemas.tables import (
-    CONSUME_QUEUE_SCHEMA,
-    CONSUME_QUEUE_TABLE,
-    CORRUPT_RECORDS_SCHEMA,
-    CORRUPT_RECORDS_TABLE,
-    INDEX_ENTRIES_SCHEMA,
-    INDEX_ENTRIES_TABLE,
-    INGEST_RUNS_COLUMNS,
-    INGEST_RUNS_SCHEMA,
-    INGEST_RUNS_TABLE,
-    Columns,
-)
-
-log = logging.getLogger(__name__)
+from schemas.tables import CONSUME_QUEUE_TABLE, CORRUPT_RECORDS_TABLE, INDEX_ENTRIES_TABLE, INGEST_RUNS_TABLE
 
 CRITICAL = "critical"  # meta key: True = a failure makes the run fail
 COLUMNS = "columns"    # meta key: columns an UnexpectedRowsExpectation query reads
@@ -75,19 +61,9 @@ DEFAULT_SKEW_MS = 60_000  # born (producer clock) vs store (broker clock) allowa
 MAX_STORE_SIZE = DEFAULT_MAX_MESSAGE_SIZE + MAX_RECORD_OVERHEAD  # whole record: body limit + 64 KiB
 BODY_CRC_OK_MOSTLY = 0.999  # a few flipped bits are suspicious, many are a broken store or decoder
 
-INGEST_TABLES: tuple[str, ...] = (MESSAGES_TABLE, CONSUME_QUEUE_TABLE, INDEX_ENTRIES_TABLE, CORRUPT_RECORDS_TABLE,
-                                  INGEST_RUNS_TABLE)
-REPORT_TABLES: tuple[str, ...] = tuple(REPORT_SCHEMAS)
-ALL_TABLES: tuple[str, ...] = INGEST_TABLES + REPORT_TABLES
-
-TABLE_SCHEMAS: dict[str, pa.Schema] = {
-    MESSAGES_TABLE: MESSAGES_SCHEMA,
-    CONSUME_QUEUE_TABLE: CONSUME_QUEUE_SCHEMA,
-    INDEX_ENTRIES_TABLE: INDEX_ENTRIES_SCHEMA,
-    CORRUPT_RECORDS_TABLE: CORRUPT_RECORDS_SCHEMA,
-    INGEST_RUNS_TABLE: INGEST_RUNS_SCHEMA,
-    **REPORT_SCHEMAS,
-}
+# every table the project writes has a suite (schemas.registry), in the order the jobs write them
+ALL_TABLES: tuple[str, ...] = INGEST_TABLES + REPORT_TABLES + REPLAY_TABLES
+TABLE_SCHEMAS: dict[str, pa.Schema] = {name: TABLES[name].schema for name in ALL_TABLES}
 
 
 # ---- building blocks ---------------------------------------------------------------------------------
@@ -100,9 +76,13 @@ def not_null(column: str, *, critical: bool = True) -> Expectation:
     return gxe.ExpectColumnValuesToNotBeNull(column=column, **_flag(critical))
 
 
-def unique_key(columns: list[str], *, critical: bool = True) -> Expectation:
-    """The row key is unique (rows whose key columns are all null are ignored, as GX does)."""
-    return gxe.ExpectCompoundColumnsToBeUnique(column_list=list(columns), **_flag(critical))
+def unique_key(columns: Iterable[str], *, critical: bool = True) -> Expectation:
+    """The row key is unique (rows whose key columns are all null are ignored, as GX does; GX's
+    compound form wants two columns or more, a one-column key uses the column form)."""
+    columns = list(columns)
+    if len(columns) == 1:
+        return gxe.ExpectColumnValuesToBeUnique(column=columns[0], **_flag(critical))
+    return gxe.ExpectCompoundColumnsToBeUnique(column_list=columns, **_flag(critical))
 
 
 def between(column: str, min_value: float | None = None, max_value: float | None = None, *,
@@ -128,51 +108,36 @@ def no_rows_where(condition: str, columns: list[str], description: str, *, criti
                                          **_flag(critical, {COLUMNS: list(columns)}))
 
 
+def contract_expectations(contract: TableContract) -> list[Expectation]:
+    """What the table's contract (:mod:`schemas.registry`) says every row satisfies, all critical:
+    its required columns are never null, its key is unique, its enumerated columns hold only their
+    allowed values (per row condition where the contract gives one)."""
+    expectations = [not_null(column) for column in contract.required]
+    if contract.key:
+        expectations.append(unique_key(contract.key))
+    for allowed in contract.allowed:
+        condition = {} if allowed.when is None else {"row_condition": Column(allowed.when[0]) == allowed.when[1]}
+        expectations.append(in_set(allowed.column, allowed.values, **condition))
+    return expectations
+
+
 def _suite(table: str, expectations: list[Expectation]) -> ExpectationSuite:
+    """The table's contract expectations, then the table's own ``expectations``."""
     # built from a list (no context needed: add_expectation() on an unsaved suite wants one)
-    return ExpectationSuite(name=table, expectations=expectations, meta={"table": table})
+    return ExpectationSuite(name=table, expectations=contract_expectations(TABLES[table]) + expectations,
+                            meta={"table": table})
 
 
 def _sql_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def documented_values(columns: Columns, name: str) -> list[str]:
-    """The values a string column may take, read off its schema description ``"A | B | C"``.
-
-    For enumerations whose only definition is the schema (the ingest run status): the schema is
-    the contract between writer and readers, so the suite follows it instead of repeating it.
-    """
-    [description] = [d for n, _, d in columns if n == name]
-    values = [v.strip() for v in description.split("|")]
-    if len(values) < 2 or not all(v.replace("_", "").isalnum() for v in values):
-        raise ValueError(f"column {name!r}: description {description!r} is not 'A | B | ...'")
-    return values
-
-
-def _report_constants(module: str, *names: str) -> tuple[Any, ...] | None:
-    """Constants of a report module (status names, finding kinds), or None when it cannot be
-    imported: the expectation that needs them is then left out with a warning rather than the
-    whole suite failing on a reporting module's problem."""
-    try:
-        mod = importlib.import_module(module)
-        return tuple(getattr(mod, n) for n in names)
-    except (ImportError, AttributeError) as exc:
-        log.warning("quality: %s unavailable (%s); its value-set expectation is left out", module, exc)
-        return None
-
-
 # ---- ingest tables -----------------------------------------------------------------------------------
 def messages_suite(skew_ms: int = DEFAULT_SKEW_MS) -> ExpectationSuite:
     """``messages``: one row per CommitLog record, unique per broker and commitlog offset."""
     return _suite(MESSAGES_TABLE, [
-        not_null("commitlog_offset"),
-        unique_key(["broker_name", "commitlog_offset"]),
         between("store_size", MIN_MESSAGE_RECORD_SIZE, MAX_STORE_SIZE),
-        in_set("magic_code", [signed32(m) for m in MESSAGE_MAGIC_CODES]),
-        in_set("transaction_type", TRANSACTION_TYPE_NAMES),
         between("queue_offset", 0),
-        not_null("topic"),
         in_set("body_crc_ok", [True], mostly=BODY_CRC_OK_MOSTLY, critical=False),
         no_rows_where(f"store_timestamp < born_timestamp - {int(skew_ms)}",
                       ["broker_name", "commitlog_offset", "born_timestamp", "store_timestamp"],
@@ -183,8 +148,6 @@ def messages_suite(skew_ms: int = DEFAULT_SKEW_MS) -> ExpectationSuite:
 def consume_queue_suite() -> ExpectationSuite:
     """``consume_queue``: one unit per (broker, topic, queue, logical offset)."""
     return _suite(CONSUME_QUEUE_TABLE, [
-        unique_key(["broker_name", "topic", "queue_id", "queue_offset"]),
-        not_null("commitlog_offset"),
         between("commitlog_offset", 0),
         between("queue_offset", 0),
         # a unit whose size no record can have (e.g. a "pre-blank" fill unit) points nowhere useful
@@ -195,7 +158,6 @@ def consume_queue_suite() -> ExpectationSuite:
 def index_entries_suite() -> ExpectationSuite:
     """``index_entries``: IndexFile entries (hashes are ``abs(hashCode)``, links are slot numbers)."""
     return _suite(INDEX_ENTRIES_TABLE, [
-        not_null("commitlog_offset"),
         between("commitlog_offset", 0),
         between("key_hash", 0),
         between("prev_index", 0),
@@ -207,7 +169,6 @@ def corrupt_records_suite() -> ExpectationSuite:
     return _suite(CORRUPT_RECORDS_TABLE, [
         gxe.ExpectTableRowCountToEqual(value=0, description="the store had no corrupt regions",
                                        **_flag(False)),
-        not_null("file"),
         between("offset", 0),
         between("bytes_skipped", 0),
     ])
@@ -216,9 +177,6 @@ def corrupt_records_suite() -> ExpectationSuite:
 def ingest_runs_suite() -> ExpectationSuite:
     """``ingest_runs``: one row per run and broker, offsets moving forward."""
     return _suite(INGEST_RUNS_TABLE, [
-        not_null("ingest_run_id"),
-        unique_key(["ingest_run_id", "broker_name"]),
-        in_set("status", documented_values(INGEST_RUNS_COLUMNS, "status")),
         a_at_least_b("to_offset", "from_offset"),
     ])
 
@@ -226,16 +184,11 @@ def ingest_runs_suite() -> ExpectationSuite:
 # ---- report tables -----------------------------------------------------------------------------------
 def consumer_lag_suite() -> ExpectationSuite:
     """``consumer_lag``: one row per snapshot and (broker, group, topic, queue); lag is never negative."""
-    expectations = [
-        unique_key(["snapshot_id", "broker_name", "consumer_group", "topic", "queue_id"]),
+    return _suite(CONSUMER_LAG_TABLE, [
         between("lag_messages", 0),
         a_at_least_b("max_offset", "min_offset"),
         between("lag_seconds", 0, critical=False),  # store clocks going backwards
-    ]
-    sources = _report_constants("pipelines.reports.consumer_lag", "OFFSET_SOURCE_FILE", "OFFSET_SOURCE_NONE")
-    if sources:
-        expectations.insert(3, in_set("offset_source", sources))
-    return _suite(CONSUMER_LAG_TABLE, expectations)
+    ])
 
 
 def consumer_lag_status_suite() -> ExpectationSuite:
@@ -243,27 +196,16 @@ def consumer_lag_status_suite() -> ExpectationSuite:
 
     No key uniqueness: every evaluation is appended, and evaluating twice without a new snapshot
     legitimately repeats (snapshot_id, group, partition)."""
-    expectations = [
+    return _suite(CONSUMER_LAG_STATUS_TABLE, [
         between("lag_messages", 0),
         between("snapshots", 1),
-    ]
-    names = _report_constants("pipelines.reports.lag_status",
-                              "OK", "WARN", "STALL", "STOP", "REWIND", "ERR", "PARTITION", "GROUP")
-    if names:
-        ok, warn, stall, stop, rewind, err, partition, group = names
-        expectations[:0] = [
-            in_set("level", [partition, group]),
-            in_set("status", [ok, warn, stall, stop, rewind], row_condition=Column("level") == partition),
-            in_set("status", [ok, warn, err], row_condition=Column("level") == group),
-        ]
-    return _suite(CONSUMER_LAG_STATUS_TABLE, expectations)
+    ])
 
 
 def dlq_messages_suite() -> ExpectationSuite:
     """``dlq_messages``: one row per DLQ record, stored in its group's ``%DLQ%`` topic."""
     prefix = _sql_string(DLQ_GROUP_TOPIC_PREFIX)
     return _suite(DLQ_MESSAGES_TABLE, [
-        unique_key(["broker_name", "dlq_commitlog_offset"]),
         no_rows_where(f"dlq_topic IS NULL OR consumer_group IS NULL OR dlq_topic <> concat({prefix}, consumer_group)",
                       ["broker_name", "dlq_commitlog_offset", "dlq_topic", "consumer_group"],
                       f"dlq_topic = '{DLQ_GROUP_TOPIC_PREFIX}' + consumer_group"),
@@ -275,7 +217,6 @@ def dlq_messages_suite() -> ExpectationSuite:
 def dlq_summary_suite() -> ExpectationSuite:
     """``dlq_summary``: one row per (day, broker, group, original topic) with consistent counts."""
     return _suite(DLQ_SUMMARY_TABLE, [
-        unique_key(["store_date", "broker_name", "consumer_group", "original_topic"]),
         between("messages", 1),
         a_at_least_b("messages", "distinct_originals"),
         between("replayed", 0),
@@ -287,23 +228,34 @@ def dlq_summary_suite() -> ExpectationSuite:
 
 
 def audit_findings_suite() -> ExpectationSuite:
-    """``audit_findings``: every finding names its broker and a known kind."""
-    expectations = [not_null("broker_name"), not_null("kind")]
-    kinds = _report_constants("pipelines.reports.audit", "KINDS")
-    if kinds:
-        expectations.append(in_set("kind", kinds[0]))
-    return _suite(AUDIT_FINDINGS_TABLE, expectations)
+    """``audit_findings``: every finding names its broker and a known kind (the contract says both)."""
+    return _suite(AUDIT_FINDINGS_TABLE, [])
 
 
 def topic_daily_stats_suite() -> ExpectationSuite:
     """``topic_daily_stats``: one row per (day, broker, topic); sizes add up to whole records."""
     return _suite(TOPIC_DAILY_STATS_TABLE, [
-        unique_key(["store_date", "broker_name", "topic"]),
         between("messages", 1),
         no_rows_where(f"bytes < messages * {MIN_MESSAGE_RECORD_SIZE}",
                       ["store_date", "broker_name", "topic", "messages", "bytes"],
                       f"bytes >= messages x {MIN_MESSAGE_RECORD_SIZE} (smallest record)"),
         a_at_least_b("last_store_time", "first_store_time"),
+    ])
+
+
+# ---- replay tables -----------------------------------------------------------------------------------
+def replay_ledger_suite() -> ExpectationSuite:
+    """``replay_ledger``: one event per (run, message, event_seq); sequences and attempts count up."""
+    return _suite(REPLAY_LEDGER_TABLE, [
+        between("event_seq", 1),
+        between("attempts", 0),
+    ])
+
+
+def replay_runs_suite() -> ExpectationSuite:
+    """``replay_runs``: one row per run, started at least once."""
+    return _suite(REPLAY_RUNS_TABLE, [
+        between("attempts", 1),
     ])
 
 
@@ -319,6 +271,8 @@ SUITE_BUILDERS: dict[str, Callable[..., ExpectationSuite]] = {
     DLQ_SUMMARY_TABLE: dlq_summary_suite,
     AUDIT_FINDINGS_TABLE: audit_findings_suite,
     TOPIC_DAILY_STATS_TABLE: topic_daily_stats_suite,
+    REPLAY_LEDGER_TABLE: replay_ledger_suite,
+    REPLAY_RUNS_TABLE: replay_runs_suite,
 }
 
 
