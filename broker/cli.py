@@ -259,7 +259,7 @@ def cmd_broker_start(args: argparse.Namespace) -> int:
 # ---- Spark jobs -------------------------------------------------------------------------------------
 # rocketlake COMMAND → jobs/<file>.py, run in-process (same options as spark-submit of that file)
 JOB_COMMANDS: dict[str, tuple[str, str]] = {
-    "ingest": ("ingest_commitlog.py", "ingest broker stores into Delta tables"),
+    "ingest": ("ingest_commitlog.py", "ingest broker stores (directories or URIs) into Delta tables"),
     "lag": ("consumer_lag.py", "consumer lag snapshot, Burrow-style status, lag plot"),
     "dlq": ("dlq_report.py", "dead-letter-queue analysis (dlq_messages, dlq_summary)"),
     "audit": ("audit.py", "store audit (audit_findings, topic_daily_stats)"),

@@ -1,8 +1,16 @@
 """spark-submit entry: broker stores → Delta tables (messages, consume_queue, index_entries, …).
 
-    spark-submit jobs/ingest_commitlog.py --store [NAME=]PATH ... --lake LAKE_DIR [--split-bytes N] [--until-offset N]
+    spark-submit jobs/ingest_commitlog.py --store [NAME=]PATH ... --lake LAKE [--split-bytes N] [--until-offset N]
+        [--storage-option KEY=VALUE ...]
+    rocketlake ingest ...                   # the same, with a local Spark session
 
-Incremental and exactly-once (see :mod:`pipelines.ingest`); ends with one summary line per broker.
+Stores and lake are directories or URIs (``--store broker-a=s3://bucket/store --lake s3://bucket/lake``);
+storage options (delta-rs names) come from the environment and ``--storage-option``. Incremental and
+exactly-once (see :mod:`pipelines.ingest`); ends with one summary line per broker.
+
+Exit status: 0 when every store was ingested (nothing new included); 2 for bad arguments and for
+storage that cannot be used (a store location that lists no commitlog segment, an endpoint or bucket
+that does not answer): one line on stderr, no traceback.
 """
 
 from __future__ import annotations
@@ -29,17 +37,22 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
+    if args.split_bytes <= 0:
+        ap.error("--split-bytes must be > 0")
     from pipelines.ingest import ingest
-    from pipelines.job_args import configure_job_logging, job_session, parse_stores
+    from pipelines.job_args import configure_job_logging, job_session, resolve_store_lake
+    from pipelines.storage import StorageError
 
     configure_job_logging()
 
-    stores = parse_stores(ap, args.store)
-    if args.split_bytes <= 0:
-        ap.error("--split-bytes must be > 0")
-    with job_session("rocketlake-ingest", args.master) as spark:
-        for summary in ingest(spark, stores, args.lake, split_bytes=args.split_bytes, until_offset=args.until_offset):
-            print(f"ingest {summary.line()}", flush=True)
+    stores, lake = resolve_store_lake(ap, args)
+    try:
+        with job_session("rocketlake-ingest", args.master) as spark:
+            for summary in ingest(spark, stores, lake, split_bytes=args.split_bytes, until_offset=args.until_offset):
+                print(f"ingest {summary.line()}", flush=True)
+    except StorageError as exc:
+        print(f"{ap.prog}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     return 0
 
 

@@ -14,6 +14,12 @@ leaves no duplicates and no gaps (each table resumes from what it really committ
 * ``corrupt_records``: structural findings of the commitlog walk over ``[mark, end)`` plus every
   record whose body CRC does not match.
 * ``ingest_runs``: one row per broker and run.
+
+A store may be a local directory or a URI (``s3://bucket/store``): the driver learns the segments,
+``dispatched_end`` and the commitlog end through the filesystem (listings and ranged reads,
+:mod:`pipelines.store_files`, :mod:`pipelines.commitlog_ranges`), and every task reads its byte
+range with ranged reads. Files are named by the store's URI (or absolute path) in ``corrupt_records``,
+so the tables of a store and of its copy elsewhere differ only in that root.
 """
 
 from __future__ import annotations
@@ -28,9 +34,9 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker.store.commitlog import CommitLog
 from broker.store.constants import COMMITLOG_DIR
-from broker.store.consume_queue import ConsumeQueue, list_queues
+from pipelines import commitlog_ranges
+from pipelines.commitlog_ranges import segment_files
 from pipelines.job_args import StoreSpec
 from pipelines.lake import app_version, append_arrow, delta_spark_available, scan_arrow, write_table
 from pipelines.partition_writer import collect_partitions, write_partitions
@@ -40,14 +46,21 @@ from pipelines.sources.rocketmq import (
     RocketMQConsumeQueueDataSource,
     RocketMQDataSource,
     RocketMQIndexDataSource,
+    store_source_options,
 )
-from schemas.messages import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA, MESSAGES_TABLE
+from pipelines.storage import Location
+from pipelines.store_files import StoreFiles
+from schemas.messages import MESSAGES, MESSAGES_TABLE
 from schemas.tables import (
-    CONSUME_QUEUE_SCHEMA,
+    CONSUME_QUEUE,
+    CORRUPT_RECORDS,
+    INDEX_ENTRIES,
+    INGEST_NOTHING_NEW,
+    INGEST_RUNS,
+    INGEST_SUCCEEDED,
     CONSUME_QUEUE_TABLE,
     CORRUPT_RECORDS_SCHEMA,
     CORRUPT_RECORDS_TABLE,
-    INDEX_ENTRIES_SCHEMA,
     INDEX_ENTRIES_TABLE,
     INGEST_RUNS_SCHEMA,
     INGEST_RUNS_TABLE,
@@ -68,7 +81,7 @@ class RunSummary:
     skipped: list[str] = field(default_factory=list)
     seconds: float = 0.0
     table_seconds: dict[str, float] = field(default_factory=dict)
-    status: str = "SUCCEEDED"
+    status: str = INGEST_SUCCEEDED
 
     def line(self) -> str:
         rows = ", ".join(f"{k} +{v}" for k, v in self.rows.items())
@@ -80,43 +93,36 @@ def app_id_for(broker: str) -> str:
     return f"rocketlake.ingest.{broker}"
 
 
-def commitlog_end(store: str, known_end: int | None = None) -> int:
+def commitlog_end(store: "str | os.PathLike | Location", known_end: int | None = None) -> int:
     """Offset just past the last complete record (a torn or in-progress tail is not included).
     ``known_end`` (how far the consume queues reach) lets the walk start there."""
-    return CommitLog.open(store).data_end(known_end)
+    segments, _ = segment_files(StoreFiles(store))
+    return commitlog_ranges.commitlog_end(segments, known_end)
 
 
-def dispatched_end(store: str) -> int:
+def dispatched_end(store: "str | os.PathLike | Location") -> int:
     """How far the consume queues reach into the commitlog (the broker's dispatch progress)."""
-    end = 0
-    for topic, qid in list_queues(store):
-        end = max(end, ConsumeQueue(store, topic, qid).max_physic_offset)
-    return end
+    return StoreFiles(store).dispatched_end()
 
 
-def _store_root(store: str) -> str:
-    """A local store as an absolute path (findings name files by it); a URI as it is."""
-    return store if "://" in store else os.path.abspath(store)
-
-
-def scan_findings(spark, store: str, broker: str, start: int, end: int, run_id: str) -> pa.Table:
+def scan_findings(spark, store: StoreFiles, broker: str, start: int, end: int, run_id: str) -> pa.Table:
     """Structural findings (corrupt regions, torn tails, bad sizes) of the walk over ``[start, end)``,
     one Spark task per segment, plus the commitlog's file-level findings on the first run."""
-    root = _store_root(store)
-    reader = CommitLogFindingsReader({"path": root, "brokerName": broker, "fromOffset": str(start),
-                                      "untilOffset": str(end), "ingestRunId": run_id})
+    reader = CommitLogFindingsReader({**store_source_options(store.location), "brokerName": broker,
+                                      "fromOffset": str(start), "untilOffset": str(end), "ingestRunId": run_id})
     found = collect_partitions(spark, reader, CORRUPT_RECORDS_SCHEMA)
-    if start == 0 and "://" not in store:
+    if start == 0:
         rows = [{"broker_name": broker, "file": f.file, "offset": f.offset, "reason": f"{f.kind}: {f.detail}",
-                 "bytes_skipped": f.bytes_skipped, "ingest_run_id": run_id} for f in CommitLog.open(root).findings]
+                 "bytes_skipped": f.bytes_skipped, "ingest_run_id": run_id} for f in store.commitlog_findings()]
         found = pa.concat_tables([pa.Table.from_pylist(rows, schema=CORRUPT_RECORDS_SCHEMA), found])
     return found
 
 
-def crc_findings(lake: str, broker: str, start: int, end: int, run_id: str, store: str) -> pa.Table:
+def crc_findings(lake: "str | os.PathLike | Location", broker: str, start: int, end: int, run_id: str,
+                 store: StoreFiles) -> pa.Table:
     """A finding per record of ``[start, end)`` in the messages table whose body CRC did not match
     (read back from the table just written: three columns, instead of decoding the commitlog again).
-    ``file`` is the segment's path under ``store``, as the walk's findings name it."""
+    ``file`` names the segment as the walk's findings do (the store's URI or absolute path)."""
     if app_version(lake, MESSAGES_TABLE, app_id_for(broker)) is None:
         return CORRUPT_RECORDS_SCHEMA.empty_table()
     col = pc.field
@@ -127,26 +133,29 @@ def crc_findings(lake: str, broker: str, start: int, end: int, run_id: str, stor
     offsets = pc.subtract(bad["commitlog_offset"], pc.cast(bad["segment_file"], pa.int64()))
     reasons = [f"crc_mismatch: BODYCRC {c} does not match the body" for c in bad["body_crc"].to_pylist()]
     n = bad.num_rows
-    root = _store_root(store)
-    files = pa.array([f"{root}/{COMMITLOG_DIR}/{name}" for name in bad["segment_file"].to_pylist()], pa.string())
+    files = pa.array([store.label(COMMITLOG_DIR, name) for name in bad["segment_file"].to_pylist()], pa.string())
     return pa.table({"broker_name": pa.array([broker] * n, pa.string()), "file": files,
                      "offset": offsets, "reason": pa.array(reasons, pa.string()),
                      "bytes_skipped": pa.array([0] * n, pa.int64()),
                      "ingest_run_id": pa.array([run_id] * n, pa.string())}).cast(CORRUPT_RECORDS_SCHEMA)
 
 
-def _mark(lake: str, table: str, app_id: str) -> int:
+def _mark(lake: "str | os.PathLike | Location", table: str, app_id: str) -> int:
     return app_version(lake, table, app_id) or 0
 
 
-def ingest_store(spark, spec: StoreSpec, lake: str, *, split_bytes: int = DEFAULT_SPLIT_BYTES,
-                 until_offset: int | None = None) -> RunSummary:
+def ingest_store(spark, spec: StoreSpec, lake: "str | os.PathLike | Location", *,
+                 split_bytes: int = DEFAULT_SPLIT_BYTES, until_offset: int | None = None) -> RunSummary:
+    """One incremental run for one store. A store that lists no commitlog segment raises
+    :class:`pipelines.storage.StorageError` (it is a wrong location, not an empty store)."""
     started = time.monotonic()
     started_at = datetime.now(timezone.utc)
     run_id = uuid.uuid4().hex
     app_id = app_id_for(spec.name)
-    dispatched = dispatched_end(spec.path)
-    end = commitlog_end(spec.path, dispatched or None)
+    store = StoreFiles(spec.location)
+    segments, _ = segment_files(store)
+    dispatched = store.dispatched_end()
+    end = commitlog_ranges.commitlog_end(segments, dispatched or None)
     if until_offset is not None:
         end = min(end, until_offset)
     cq_end = min(end, dispatched)
@@ -174,9 +183,9 @@ def ingest_store(spark, spec: StoreSpec, lake: str, *, split_bytes: int = DEFAUL
         if stop <= marks[name]:
             summary.skipped.append(name)
             return
-        options = {"path": spec.path, "brokerName": spec.name, **options}
+        options = {**store_source_options(spec.location), "brokerName": spec.name, **options}
         if direct:  # read and write in the same Python worker (pipelines.partition_writer)
-            options["bodyView"] = "true"  # bodies go to Parquet straight from the mapped segment
+            options["bodyView"] = "true"  # bodies go to Parquet straight from the split's read buffer
             reader = source(options).reader(None)
             record(name, lambda: write_partitions(
                 spark, reader, lake, name, app_id=app_id, app_version=stop,
@@ -190,19 +199,19 @@ def ingest_store(spark, spec: StoreSpec, lake: str, *, split_bytes: int = DEFAUL
         write_source(MESSAGES_TABLE, RocketMQDataSource,
                      {"splitBytes": str(split_bytes), "fromOffset": str(marks[MESSAGES_TABLE]),
                       "untilOffset": str(end), "ingestRunId": run_id},
-                     end, marks[MESSAGES_TABLE], partition_by=MESSAGES_PARTITION_BY, schema=MESSAGES_SCHEMA)
-    for name, source, schema in ((CONSUME_QUEUE_TABLE, RocketMQConsumeQueueDataSource, CONSUME_QUEUE_SCHEMA),
-                                 (INDEX_ENTRIES_TABLE, RocketMQIndexDataSource, INDEX_ENTRIES_SCHEMA)):
-        if cq_end > marks[name]:
-            write_source(name, source, {}, cq_end, marks[name], schema=schema, partition_by=["broker_name"])
+                     end, marks[MESSAGES_TABLE], partition_by=MESSAGES.partition_by, schema=MESSAGES.schema)
+    for contract, source in ((CONSUME_QUEUE, RocketMQConsumeQueueDataSource), (INDEX_ENTRIES, RocketMQIndexDataSource)):
+        if cq_end > marks[contract.name]:
+            write_source(contract.name, source, {}, cq_end, marks[contract.name], schema=contract.schema,
+                         partition_by=contract.partition_by)
     if end > marks[CORRUPT_RECORDS_TABLE]:
         lo = marks[CORRUPT_RECORDS_TABLE]
-        found = pa.concat_tables([scan_findings(spark, spec.path, spec.name, lo, end, run_id),
-                                  crc_findings(lake, spec.name, lo, end, run_id, spec.path)])
-        record(CORRUPT_RECORDS_TABLE, lambda: append_arrow(lake, CORRUPT_RECORDS_TABLE, found, partition_by=["broker_name"],
+        found = pa.concat_tables([scan_findings(spark, store, spec.name, lo, end, run_id),
+                                  crc_findings(lake, spec.name, lo, end, run_id, store)])
+        record(CORRUPT_RECORDS_TABLE, lambda: append_arrow(lake, CORRUPT_RECORDS_TABLE, found, partition_by=CORRUPT_RECORDS.partition_by,
                                                            app_id=app_id, app_version=end))
     summary.seconds = time.monotonic() - started
-    summary.status = "SUCCEEDED" if summary.rows else "NOTHING_NEW"
+    summary.status = INGEST_SUCCEEDED if summary.rows else INGEST_NOTHING_NEW
     if end > marks[INGEST_RUNS_TABLE]:
         run_row = pa.Table.from_pylist([{
             "ingest_run_id": run_id, "broker_name": spec.name, "from_offset": summary.from_offset, "to_offset": end,
@@ -212,11 +221,12 @@ def ingest_store(spark, spec: StoreSpec, lake: str, *, split_bytes: int = DEFAUL
             "corrupt_records_rows": summary.rows.get(CORRUPT_RECORDS_TABLE, 0),
             "started_at": started_at, "duration_s": summary.seconds, "status": summary.status}],
             schema=INGEST_RUNS_SCHEMA)
-        record(INGEST_RUNS_TABLE, lambda: append_arrow(lake, INGEST_RUNS_TABLE, run_row, app_id=app_id, app_version=end))
+        record(INGEST_RUNS_TABLE, lambda: append_arrow(lake, INGEST_RUNS_TABLE, run_row, partition_by=INGEST_RUNS.partition_by,
+                                                      app_id=app_id, app_version=end))
     return summary
 
 
-def ingest(spark, stores: list[StoreSpec], lake: str, *, split_bytes: int = DEFAULT_SPLIT_BYTES,
-           until_offset: int | None = None) -> list[RunSummary]:
+def ingest(spark, stores: list[StoreSpec], lake: "str | os.PathLike | Location", *,
+           split_bytes: int = DEFAULT_SPLIT_BYTES, until_offset: int | None = None) -> list[RunSummary]:
     register_sources(spark)
     return [ingest_store(spark, spec, lake, split_bytes=split_bytes, until_offset=until_offset) for spec in stores]

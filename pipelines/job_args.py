@@ -1,7 +1,11 @@
-"""What every rocketlake Spark job takes on its command line: ``--store [NAME=]PATH ... --lake LAKE_DIR``.
+"""What every rocketlake Spark job takes on its command line:
+``--store [NAME=]PATH|URI ... --lake PATH|URI [--storage-option KEY=VALUE ...]``.
 
-One definition of the store argument (broker name rules, the default name) for the ingest and
-report jobs, so ``spark-submit jobs/<any>.py`` and ``rocketlake <any>`` read the same way.
+One definition of the store and lake arguments (broker name rules, the default name, storage
+options, what makes a store location usable) for the ingest and report jobs, so ``spark-submit
+jobs/<any>.py`` and ``rocketlake <any>`` read the same way. Every job calls
+:func:`resolve_store_lake`, which turns them into :class:`StoreSpec` values and the lake's
+:class:`~pipelines.storage.Location`, or exits with a one-line argparse error (exit 2).
 """
 
 from __future__ import annotations
@@ -10,9 +14,13 @@ import argparse
 import logging
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Mapping
+
+import pyarrow.fs as pafs
+
+from pipelines.storage import Location, StorageError, parse_storage_options
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -23,45 +31,121 @@ _BROKER_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 @dataclass(frozen=True)
 class StoreSpec:
+    """A broker's store: ``name`` (its broker name), ``path`` (absolute local path or URI, for
+    messages) and ``location`` (the same with its storage options; what readers use).
+    ``StoreSpec(name, path)`` works as before: the location is derived from the path."""
+
     name: str
     path: str
+    location: Location = field(default=None, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        location = self.location if self.location is not None else Location.parse(self.path)
+        object.__setattr__(self, "location", location)
+        object.__setattr__(self, "path", location.uri)
 
     @classmethod
-    def parse(cls, text: str) -> "StoreSpec":
-        """``NAME=PATH`` or ``PATH`` (broker name ``broker-a``)."""
+    def parse(cls, text: str, options: Mapping[str, str] | None = None) -> "StoreSpec":
+        """``NAME=PATH`` or ``PATH`` (broker name ``broker-a``); PATH may be a URI, ``options`` are
+        its storage options. Checks the syntax only (:func:`check_store` looks at the store)."""
         name, sep, path = text.partition("=")
-        if not sep:
+        if not sep or "://" in name:
             name, path = DEFAULT_BROKER_NAME, text
         if not name or not path:
             raise ValueError(f"--store {text!r} is not [NAME=]PATH")
         if not _BROKER_NAME.fullmatch(name):
             raise ValueError(f"--store {text!r}: broker name {name!r} may only use letters, digits, '.', '_' and '-'")
-        if "://" not in path and not (Path(path) / "commitlog").is_dir():
-            raise ValueError(f"--store {text!r}: {path} has no commitlog/ directory")
-        return cls(name, path)
+        location = Location.parse(path, options)
+        return cls(name, location.uri, location)
+
+
+def check_store(spec: StoreSpec) -> None:
+    """Raise ValueError (a :class:`StorageError` for storage trouble) unless the store's
+    ``commitlog/`` lists at least one segment: a location without one is a wrong location (a typo,
+    a missing prefix, other credentials), never an empty store with "nothing new"."""
+    from pipelines.store_files import StoreFiles
+
+    if spec.location.is_local and not (Path(spec.location.uri) / "commitlog").is_dir():
+        raise ValueError(f"--store {spec.name}={spec.path}: {spec.path} has no commitlog/ directory")
+    StoreFiles(spec.location).commitlog_segments()
+
+
+def add_storage_option_arg(ap: argparse.ArgumentParser) -> None:
+    """``--storage-option KEY=VALUE`` (repeatable), the one definition every CLI with a remote store
+    or lake uses (read back with :func:`pipelines.storage.parse_storage_options`)."""
+    ap.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="storage option for remote stores and lakes, delta-rs names (AWS_ENDPOINT_URL, AWS_REGION, "
+                         "AWS_ACCESS_KEY_ID, AWS_ALLOW_HTTP, …; repeatable); the same variables from the "
+                         "environment apply too, under these")
 
 
 def add_store_lake_args(ap: argparse.ArgumentParser, *, store_required: bool = True) -> None:
-    """``--store`` (repeatable), ``--lake`` and ``--master`` as every job has them."""
+    """``--store`` (repeatable), ``--lake``, ``--storage-option`` (repeatable) and ``--master`` as
+    every job has them."""
     ap.add_argument("--store", action="append", required=store_required, default=[], metavar="[NAME=]PATH",
-                    help="a broker store (repeatable); NAME is the broker name (default broker-a)")
-    ap.add_argument("--lake", required=True, metavar="LAKE_DIR", help="directory holding the Delta tables")
+                    help="a broker store (repeatable): a directory or a URI (s3://bucket/store, file://…); "
+                         "NAME is the broker name (default broker-a)")
+    ap.add_argument("--lake", required=True, metavar="LAKE",
+                    help="the lake holding the Delta tables: a directory or a URI (s3://bucket/lake)")
+    add_storage_option_arg(ap)
     ap.add_argument("--master", default=None, help="Spark master when not run by spark-submit (default local[2])")
 
 
-def parse_stores(ap: argparse.ArgumentParser, values: list[str]) -> list[StoreSpec]:
-    """The ``--store`` values as specs; a bad one is an argparse error (exit 2, message on stderr)."""
+def parse_stores(ap: argparse.ArgumentParser, values: list[str],
+                 options: Mapping[str, str] | None = None) -> list[StoreSpec]:
+    """The ``--store`` values as specs, each checked (:func:`check_store`); a bad one is an
+    argparse error (exit 2, one line on stderr naming the store)."""
     specs = []
     for text in values:
         try:
-            specs.append(StoreSpec.parse(text))
+            specs.append(StoreSpec.parse(text, options))
         except ValueError as exc:
             ap.error(str(exc))
     names = [s.name for s in specs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         ap.error(f"--store: broker name(s) {', '.join(dupes)} given more than once")
+    for spec in specs:
+        try:
+            check_store(spec)
+        except ValueError as exc:  # StorageError included: unreachable endpoint, no commitlog there
+            ap.error(str(exc))
     return specs
+
+
+def resolve_store_lake(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[StoreSpec], Location]:
+    """``--store``/``--lake``/``--storage-option`` as checked specs and the lake's Location (the
+    storage options apply to every store and to the lake, merged over the environment). Any
+    problem is an argparse error: a malformed option, a store location without a commitlog, an
+    endpoint that does not answer."""
+    try:
+        options = parse_storage_options(getattr(args, "storage_option", None) or [])
+    except StorageError as exc:
+        ap.error(str(exc))
+    stores = parse_stores(ap, getattr(args, "store", None) or [], options)
+    try:
+        lake = Location.parse(args.lake, options)
+        _check_lake_storage(lake)
+    except StorageError as exc:
+        ap.error(f"--lake {args.lake}: {exc}")
+    except OSError as exc:
+        ap.error(f"--lake {args.lake}: cannot reach it ({' '.join(str(exc).split())})")
+    return stores, lake
+
+
+_BUCKET_SCHEMES = ("s3", "s3a", "gs", "gcs")
+
+
+def _check_lake_storage(lake: Location) -> None:
+    """A lake need not exist yet, but its storage must answer and an object store's bucket must
+    exist (delta-rs would otherwise fail at the first commit, after all the work)."""
+    if lake.is_local:
+        return
+    fs, path = lake.filesystem()
+    fs.get_file_info(path)  # raises OSError when the endpoint does not answer
+    bucket = path.split("/", 1)[0]
+    if lake.scheme in _BUCKET_SCHEMES and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+        raise StorageError(f"bucket {bucket!r} does not exist (or is not visible with these storage options)")
 
 
 def add_no_ingest_arg(ap: argparse.ArgumentParser) -> None:

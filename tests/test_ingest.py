@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import json
+import os
+import queue
+import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
 
 from pipelines.ingest import app_id_for, ingest
 from pipelines.job_args import StoreSpec
-from pipelines.lake import app_version, table_version
+from pipelines.lake import app_version, open_table, table_version
+from schemas.messages import MESSAGES_TABLE
+from schemas.tables import CONSUME_QUEUE_TABLE, CORRUPT_RECORDS_TABLE, INDEX_ENTRIES_TABLE, INGEST_RUNS_TABLE
 from tests.golden_fields import expected_row
+from tests.job_runner import group_alive, pump_lines
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +34,7 @@ def lake(tmp_path_factory):
 
 
 def _rows(lake, name):
-    return DeltaTable(str(lake / name)).to_pyarrow_table()
+    return open_table(lake, name).to_pyarrow_table()
 
 
 def test_golden_store_into_delta(spark, golden_store, golden_records, golden_expected, lake):
@@ -106,36 +120,192 @@ def test_tables_read_the_same_with_spark_deltalake_and_duckdb(spark, lake):
     assert counts == _rows(lake, "consume_queue").num_rows == 1986
 
 
-def test_killed_runs_then_rerun_leave_no_duplicates_or_gaps(golden_store, golden_records, tmp_path):
-    """SIGKILL the spark-submit-style job at random moments; a final run completes every table."""
-    import os
-    import random
-    import signal
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
+# Killed runs. Each round starts the ingest job as its own process, reads its log as it is written and
+# SIGKILLs the whole process group the moment a chosen write is under way: a condition on the log
+# lines pipelines/partition_writer.py writes per task ("<table>: partition i/n …: R rows") and on the
+# tables' marks (the Delta app transaction ``rocketlake.ingest.<broker>``), never a clock. After the
+# kill the marks show which tables had committed, so each round proves its kill interrupted a write.
 
+KILL_BROKER = "broker-a"
+KILL_SPLIT_BYTES = 262_144  # ~19 messages tasks over the golden store's 4.6 MiB commitlog
+KILL_UNTIL = 3_000_000  # the first rounds stop here, so later rounds resume each table from a mark
+KILL_TABLES = (MESSAGES_TABLE, CONSUME_QUEUE_TABLE, INDEX_ENTRIES_TABLE, CORRUPT_RECORDS_TABLE, INGEST_RUNS_TABLE)
+NATURAL_KEYS = {
+    MESSAGES_TABLE: ["broker_name", "commitlog_offset"],
+    CONSUME_QUEUE_TABLE: ["broker_name", "topic", "queue_id", "queue_offset"],
+    # prev_index as well: one record can have two keys of the same hash in one file
+    INDEX_ENTRIES_TABLE: ["broker_name", "index_file", "key_hash", "commitlog_offset", "prev_index"],
+    CORRUPT_RECORDS_TABLE: ["broker_name", "file", "offset", "reason"],
+    INGEST_RUNS_TABLE: ["broker_name", "to_offset"],
+}
+PARTITION_LINE = re.compile(rb"\b(\w+): partition (\d+)/(\d+) .*: (\d+) rows")
+JOB_DEADLINE_S = 300  # a guard against a hung job, never a pass condition
+
+
+def _mark(lake: Path, name: str) -> int | None:
+    """The table's ingest mark for the broker (None: no table, or no commit by the ingest)."""
+    table = open_table(lake, name)
+    return None if table is None else table.transaction_version(app_id_for(KILL_BROKER))
+
+
+def _marks(lake: Path) -> dict[str, int | None]:
+    return {name: _mark(lake, name) for name in KILL_TABLES}
+
+
+@dataclass
+class JobProgress:
+    """What a running job has shown so far: its stderr lines, and per table the partitions it
+    logged as written and how many there are."""
+
+    lake: Path
+    end: int
+    lines: list[bytes] = field(default_factory=list)
+    written: Counter = field(default_factory=Counter)
+    totals: dict[str, int] = field(default_factory=dict)
+
+    def see(self, line: bytes) -> None:
+        self.lines.append(line)
+        found = PARTITION_LINE.search(line)
+        if found:
+            table = found.group(1).decode()
+            self.written[table] += 1
+            self.totals[table] = int(found.group(3))
+
+    def mid_write(self, table: str) -> bool:
+        """Some of ``table``'s partitions are written and some are not (its commit is still ahead)."""
+        return 0 < self.written[table] < self.totals[table]
+
+    def committed(self, table: str) -> bool:
+        """This run wrote partitions of ``table`` and its mark has reached the run's end."""
+        return self.written[table] > 0 and _mark(self.lake, table) == self.end
+
+    def tail(self, n: int = 40) -> str:
+        return b"\n".join(self.lines[-n:]).decode("utf-8", "replace")
+
+
+KILL_WHEN: dict[str, Callable[[JobProgress], bool]] = {
+    "mid-messages": lambda p: p.mid_write(MESSAGES_TABLE),
+    "messages committed": lambda p: p.committed(MESSAGES_TABLE),  # the rest of the run is ahead
+    "mid-index_entries": lambda p: p.mid_write(INDEX_ENTRIES_TABLE),
+    "index_entries committed": lambda p: p.committed(INDEX_ENTRIES_TABLE),  # corrupt_records is being written
+}
+
+
+def _job_cmd(store: Path, lake: Path, until: int | None) -> list[str]:
     repo = Path(__file__).resolve().parents[1]
-    lake = tmp_path / "lake"
-    cmd = [sys.executable, str(repo / "jobs" / "ingest_commitlog.py"), "--store", f"broker-a={golden_store}",
-           "--lake", str(lake), "--master", "local[1]", "--split-bytes", "262144"]
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    rnd = random.Random(11)
-    for until in (1_500_000, 3_000_000, None):
-        run = cmd + (["--until-offset", str(until)] if until else [])
-        proc = subprocess.Popen(run, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
-        time.sleep(rnd.uniform(6, 14))
+    return ([sys.executable, str(repo / "jobs" / "ingest_commitlog.py"), "--store", f"{KILL_BROKER}={store}",
+             "--lake", str(lake), "--master", "local[1]", "--split-bytes", str(KILL_SPLIT_BYTES)]
+            + (["--until-offset", str(until)] if until is not None else []))
+
+
+def _job_env() -> dict[str, str]:
+    return dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+
+
+def _run_until_killed(store: Path, lake: Path, until: int | None, end: int,
+                      kill_when: Callable[[JobProgress], bool]) -> tuple[JobProgress, int]:
+    """Start the job; SIGKILL its process group as soon as ``kill_when`` holds. Returns what the job
+    had logged and its exit status (-SIGKILL when the kill found it running)."""
+    proc = subprocess.Popen(_job_cmd(store, lake, until), env=_job_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    lines, pump = pump_lines(proc.stderr)
+    progress = JobProgress(lake, end)
+    deadline = time.monotonic() + JOB_DEADLINE_S
+    try:
+        while not kill_when(progress):
+            try:
+                line = lines.get(timeout=0.05)  # also re-checks mark conditions while the log is quiet
+            except queue.Empty:
+                line = b""
+            if line is None:
+                pytest.fail(f"the job ended before the kill condition held:\n{progress.tail()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"the kill condition did not hold within {JOB_DEADLINE_S} s:\n{progress.tail()}")
+            if line:
+                progress.see(line)
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    offsets = sorted(_rows(lake, "messages").column("commitlog_offset").to_pylist())
-    assert offsets == [e["phyOffset"] for e in golden_records]
-    assert _rows(lake, "consume_queue").num_rows == 1986
-    units = _rows(lake, "consume_queue").select(["topic", "queue_id", "queue_offset"]).to_pylist()
-    assert len({tuple(u.values()) for u in units}) == 1986
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        returncode = proc.wait()
+        while group_alive(proc.pid):  # nothing of this run may still write when the next starts
+            assert time.monotonic() < deadline, "the killed job's processes did not go"
+            time.sleep(0.05)
+        pump.join(max(0.0, deadline - time.monotonic()))  # ends at the pipe's EOF: every writer is gone
+        proc.stderr.close()
+    return progress, returncode
+
+
+def _damaged_store(golden_store: Path, golden_records: list[dict], into: Path) -> tuple[Path, dict]:
+    """A copy of the golden store with one record's magic broken (skipped) and one body byte
+    flipped (kept, CRC mismatch): corrupt_records gets rows, so its kill round interrupts a real write."""
+    store = into / "store"
+    shutil.copytree(golden_store, store)
+    victim = golden_records[100]
+    seg = store / "commitlog" / "00000000000000000000"
+    seg.chmod(0o644)  # the golden files are read-only, and so is the copy
+    data = bytearray(seg.read_bytes())
+    data[victim["phyOffset"] + 4:victim["phyOffset"] + 8] = b"\x00\x11\x22\x33"
+    data[golden_records[200]["phyOffset"] + 200] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    return store, victim
+
+
+def _comparable(lake: Path, name: str) -> pa.Table:
+    """The table's rows in natural-key order, without the run id (which differs run to run)."""
+    table = _rows(lake, name)
+    columns = sorted(c for c in table.column_names if c != "ingest_run_id")
+    return table.select(columns).sort_by([(k, "ascending") for k in NATURAL_KEYS[name]])
+
+
+def _duplicates(table: pa.Table, keys: list[str]) -> list[tuple]:
+    counts = Counter(zip(*(table.column(k).to_pylist() for k in keys)))
+    return [key for key, n in counts.items() if n > 1]
+
+
+def test_killed_runs_then_rerun_leave_no_duplicates_or_gaps(spark, golden_store, golden_records, tmp_path):
+    """SIGKILL the job in the middle of each stage in turn (several rounds, resuming from the marks
+    the earlier rounds left); a final run then completes every table: no duplicates, no gaps (the
+    tables equal a clean single run's), every mark at the end."""
+    store, victim = _damaged_store(golden_store, golden_records, tmp_path)
+    end = golden_records[-1]["phyOffset"] + golden_records[-1]["storeSize"]
+    cut = KILL_UNTIL
+    lake = tmp_path / "lake"
+    # (--until-offset, when to kill, the marks the kill leaves: tables not named have none)
+    rounds = [
+        (cut, "messages committed", {MESSAGES_TABLE: cut}),  # the other tables' writes are ahead
+        (cut, "mid-index_entries", {MESSAGES_TABLE: cut, CONSUME_QUEUE_TABLE: cut}),
+        (None, "mid-messages", {MESSAGES_TABLE: cut, CONSUME_QUEUE_TABLE: cut}),  # resumed at cut
+        (None, "index_entries committed", dict.fromkeys((MESSAGES_TABLE, CONSUME_QUEUE_TABLE, INDEX_ENTRIES_TABLE),
+                                                        end)),  # corrupt_records is being written
+    ]
+    for until, stage, left in rounds:
+        run_end = end if until is None else until
+        progress, returncode = _run_until_killed(store, lake, until, run_end, KILL_WHEN[stage])
+        assert returncode == -signal.SIGKILL, f"{stage}: the job had already ended ({returncode})"
+        assert sum(progress.written.values()) >= 1, f"{stage}: no partition written before the kill"
+        marks = _marks(lake)
+        assert any(m is None or m < run_end for m in marks.values()), f"{stage}: every table had committed"
+        assert marks == {name: left.get(name) for name in KILL_TABLES}, stage
+
+    done = subprocess.run(_job_cmd(store, lake, None), env=_job_env(), capture_output=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:].decode("utf-8", "replace")
+    clean = tmp_path / "clean"
+    ingest(spark, [StoreSpec(KILL_BROKER, str(store))], str(clean), split_bytes=KILL_SPLIT_BYTES)
+
+    assert _marks(lake) == _marks(clean) == dict.fromkeys(KILL_TABLES, end)
+    offsets = _comparable(lake, MESSAGES_TABLE).column("commitlog_offset").to_pylist()
+    assert offsets == [e["phyOffset"] for e in golden_records if e is not victim]
+    for name in (MESSAGES_TABLE, CONSUME_QUEUE_TABLE, INDEX_ENTRIES_TABLE, CORRUPT_RECORDS_TABLE):
+        got, want = _comparable(lake, name), _comparable(clean, name)
+        assert _duplicates(got, NATURAL_KEYS[name]) == [], name
+        assert got.num_rows == want.num_rows and got.equals(want), name
+    assert _comparable(lake, CORRUPT_RECORDS_TABLE).num_rows == 2
+    # killed runs never reached their run record: only the final run has one, and it added only
+    # what the kills had left uncommitted (corrupt_records)
+    runs = _rows(lake, INGEST_RUNS_TABLE).to_pylist()
+    assert [(r["broker_name"], r["to_offset"], r["messages_rows"], r["consume_queue_rows"], r["index_entries_rows"],
+             r["corrupt_records_rows"]) for r in runs] == [(KILL_BROKER, end, 0, 0, 0, 2)]
 
 
 def test_index_entries_answer_apache_key_queries(lake, golden_expected):

@@ -4,14 +4,25 @@ consume queues and index files."""
 from __future__ import annotations
 
 import datetime as dt
+import mmap
+import shutil
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, IsNotNull, LessThan
 
-from broker.store.columnar import DecodeStats
+from broker.store.columnar import DecodeStats, iter_decode
+from broker.store.commitlog import CommitLog
+from broker.store.consume_queue import ConsumeQueue, list_queues
+from broker.store.generate import GenerateSpec, generate_store
+from broker.store.record_scan import scan_records
+from pipelines import commitlog_ranges
+from pipelines.commitlog_ranges import MAX_RECORD_BYTES, commitlog_end, segment_files, walk_range
 from pipelines.sources import register_sources
 from pipelines.sources.rocketmq import CommitLogSplit, RocketMQReader, decode_split
+from pipelines.storage import Location
+from pipelines.store_files import StoreFiles
 from schemas.messages import MESSAGES_SCHEMA, RECORD_SCHEMA
 from schemas.tables import CONSUME_QUEUE_SCHEMA, INDEX_ENTRIES_SCHEMA
 from tests.conftest import load_expected
@@ -297,3 +308,189 @@ def test_findings_format_reports_each_damaged_region_once(rmq, golden_store, gol
              r["ingest_run_id"]) for r in rows] == [("b9", str(seg), a, "corrupt_region", b - a, "r1")]
     # an offset range after the damage finds nothing
     assert _load(rmq, store, "rocketmq_findings", fromOffset=b).count() == 0
+
+
+def test_s3_store_through_the_spark_sources(rmq, s3_server, golden_store, golden_records, golden_expected):
+    """A store on S3 read with spark.read and storage.* options: the same rows as the local store."""
+    uri = s3_server.upload_dir(golden_store, s3_server.new_bucket("source"), "store")
+    storage = {f"storage.{key}": value for key, value in s3_server.options.items()}
+    df = _load(rmq, uri, splitBytes=524_288, **storage)
+    assert _offsets(df) == [e["phyOffset"] for e in golden_records]
+    assert _load(rmq, uri, "rocketmq_consume_queue", **storage).count() == 1986
+    files = load_expected(golden_expected, "expected_index_files.json")["files"]
+    assert _load(rmq, uri, "rocketmq_index", **storage).count() == sum(f["indexCount"] - 1 for f in files)
+
+
+# ---- ranged reads (pipelines.commitlog_ranges): the same records and findings as the whole file -------------
+
+@pytest.fixture(scope="module")
+def wide_store(tmp_path_factory) -> Path:
+    """A generated store with 8 MiB segments: wider than a 1 MiB split plus one maximum record; the
+    second segment is live-like (zeros after the data)."""
+    store = tmp_path_factory.mktemp("wide") / "store"
+    generate_store(store, GenerateSpec(messages=12_000, body_bytes=600, segment_bytes=8 << 20, seed=3))
+    return store
+
+
+def _mapped(path: str) -> mmap.mmap:
+    with open(path, "rb") as fh:
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+@pytest.fixture
+def range_reads(monkeypatch) -> list[tuple[str, int, int]]:
+    """(file, first byte, end) of every buffer a range decode reads (a ranged read, or the mapped
+    range of a local file)."""
+    seen: list[tuple[str, int, int]] = []
+
+    class Recorded(commitlog_ranges.RangeBuffer):
+        def __init__(self, seg, lo, hi, **kwargs):
+            super().__init__(seg, lo, hi, **kwargs)
+            seen.append((seg.name, self.lo, self.read_end))
+
+    monkeypatch.setattr(commitlog_ranges, "RangeBuffer", Recorded)
+    return seen
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_split_reads_its_range_plus_one_maximum_record(where, wide_store, range_reads, monkeypatch, request):
+    path, options = str(wide_store), {}
+    if where == "s3":
+        s3_server = request.getfixturevalue("s3_server")
+        path = s3_server.upload_dir(wide_store, s3_server.new_bucket("wide"), "store")
+        options = {f"storage.{key}": value for key, value in s3_server.options.items()}
+    requests: list[tuple[int, int]] = []
+    real = commitlog_ranges._read_into
+    monkeypatch.setattr(commitlog_ranges, "_read_into",
+                        lambda loc, view, offset: requests.append((offset, len(view))) or real(loc, view, offset))
+    reader = RocketMQReader({"path": path, "splitBytes": str(1 << 20), **options})
+    split = reader.partitions()[1]
+    assert (split.file_name, split.start, split.end, split.segment_size) == ("00000000000000000000", 1 << 20,
+                                                                            2 << 20, 8 << 20)
+    got = pa.Table.from_batches(list(decode_split(split)))
+    read = (1 << 20, (2 << 20) + MAX_RECORD_BYTES)
+    assert range_reads == [("00000000000000000000", *read)]  # of the 8 MiB file
+    # a remote file: one ranged read of exactly that; a local one is mapped, not read
+    assert requests == ([(read[0], read[1] - read[0])] if where == "s3" else [])
+    whole = _mapped(str(wide_store / "commitlog" / split.file_name))
+    want = pa.Table.from_batches(list(iter_decode(whole, split.base, split.segment_size, split.start, split.end,
+                                                  search_first=True)))
+    assert got.num_rows > 1000 and got.equals(want)
+
+
+def test_records_longer_than_the_read_ahead_are_read_on(golden_store, golden_records, range_reads, monkeypatch):
+    """With a read-ahead shorter than every record, a split's last record runs past the bytes read:
+    the split goes on from that record with a longer read. Same table."""
+    reader = RocketMQReader({"path": str(golden_store), "splitBytes": "300000", "ingestRunId": "r"})
+    splits = reader.partitions()
+
+    def read_all() -> pa.Table:
+        return pa.Table.from_batches([b for p in splits for b in reader.read(p)])
+
+    want = read_all()
+    range_reads.clear()
+    monkeypatch.setattr(commitlog_ranges, "MAX_RECORD_BYTES", 100)
+    got = read_all()
+    assert got.column("commitlog_offset").to_pylist() == [e["phyOffset"] for e in golden_records]
+    assert got.equals(want)
+    # one read per split, and one more for each split whose last record ends past end + 100
+    crossing = [p for p in splits if p.end < p.segment.data_len and any(
+        p.base + p.start <= e["phyOffset"] < p.base + p.end < e["phyOffset"] + e["storeSize"] - 100
+        for e in golden_records)]
+    assert len(splits) == 20 and len(crossing) >= 10
+    assert len(range_reads) == len(splits) + len(crossing)
+
+
+def _damaged_copy(golden_store: Path, golden_records: list[dict], into: Path) -> Path:
+    """Zeroed records (a short run and one longer than the walk's windows), a broken magic, and a
+    torn write after the data of the last segment."""
+    store = into / "damaged"
+    shutil.copytree(golden_store, store)
+    seg0 = store / "commitlog" / "00000000000000000000"
+    data = bytearray(seg0.read_bytes())
+    for i, j in ((50, 53), (300, 340)):
+        a, b = golden_records[i]["phyOffset"], golden_records[j]["phyOffset"]
+        data[a:b] = bytes(b - a)
+    p = golden_records[120]["phyOffset"]
+    data[p + 4:p + 8] = b"\x00\x11\x22\x33"
+    seg0.write_bytes(bytes(data))
+    last = store / "commitlog" / "00000000000004194304"
+    data = bytearray(last.read_bytes())
+    end = golden_records[-1]["phyOffset"] + golden_records[-1]["storeSize"] - 4194304
+    data[end:end + 50] = b"\x01" * 50
+    last.write_bytes(bytes(data))
+    return store
+
+
+def _walk_facts(findings, records, stop, end_of_data, blank_at):
+    return [(f.file, f.offset, f.kind, f.detail, f.bytes_skipped, f.physical_offset) for f in findings], \
+        records, stop, end_of_data, blank_at
+
+
+@pytest.mark.parametrize("window, over", [(4096, 64), (65_536, None)])
+def test_walks_in_windows_find_what_a_whole_file_walk_finds(golden_store, golden_records, tmp_path, window, over):
+    store = _damaged_copy(golden_store, golden_records, tmp_path)
+    segments, _ = segment_files(StoreFiles(store))
+    checked = 0
+    for seg in segments:
+        whole = _mapped(seg.label)
+        size = seg.data_len
+        for start, end in ((0, None), (1000, None), (size // 3, 2 * size // 3), (size // 2, None)):
+            scan = scan_records(whole, seg.base, seg.segment_size, start, end, seg.label)
+            walk = walk_range(seg, start, end, window=window, over=over)
+            assert _walk_facts(walk.findings, walk.records, walk.stop, walk.end_of_data, walk.blank_at) == \
+                _walk_facts(scan.findings, int(scan.starts.size), scan.stop, scan.end_of_data, scan.blank_at), \
+                (seg.name, start, end)
+            checked += len(scan.findings)
+    assert checked >= 5  # the damage was seen: zeroed runs, bad magic, torn tail
+
+
+def test_commitlog_end_as_the_local_commitlog_answers(golden_store, golden_records, wide_store, tmp_path):
+    damaged = _damaged_copy(golden_store, golden_records, tmp_path)
+    for store in (golden_store, wide_store, damaged):
+        segments, _ = segment_files(StoreFiles(store))
+        log = CommitLog.open(store)
+        dispatched = StoreFiles(store).dispatched_end()
+        for known in (None, dispatched, segments[-1].base + 100):
+            assert commitlog_end(segments, known) == log.data_end(known), (store, known)
+    assert commitlog_end(segment_files(StoreFiles(damaged))[0]) == \
+        golden_records[-1]["phyOffset"] + golden_records[-1]["storeSize"]  # the torn write is left out
+
+
+def test_dispatched_end_is_the_queues_reach(golden_store, wide_store):
+    for store in (golden_store, wide_store):
+        want = max(ConsumeQueue(store, t, q).max_physic_offset for t, q in list_queues(store))
+        assert StoreFiles(store).dispatched_end() == want > 0
+
+
+def test_consume_queue_on_s3_reads_as_the_local_reader(s3_server, tmp_path):
+    """A remote queue (FsConsumeQueue: files read through the filesystem) gives the units the local
+    ConsumeQueue gives: several files, pre-blank fill units, tag codes behind ext addresses."""
+    store = tmp_path / "store"
+    (store / "commitlog").mkdir(parents=True)
+    (store / "commitlog" / "00000000000000000000").write_bytes(bytes(4096))
+    plain = ConsumeQueue(store, "Plain", 0, file_size=200)  # 10 units per file
+    for i in range(25):
+        plain.put(i, 1000 + 100 * i, 100, 7000 + i)
+    plain.close()
+    filled = ConsumeQueue(store, "Filled", 3, file_size=200)
+    for i in range(12, 30):  # created at offset 12: units 10 and 11 of its first file are fill units
+        filled.put(i, 50_000 + 64 * i, 64, i)
+    filled.close()
+    ext = ConsumeQueue(store, "Ext", 1, file_size=200, enable_ext=True, ext_file_size=4096)
+    for i in range(15):
+        ext.put(i, 90_000 + 80 * i, 80, -5 - i, store_timestamp=1_700_000_000_000 + i, filter_bitmap=b"\x01\x02")
+    ext.close()
+
+    uri = s3_server.upload_dir(store, s3_server.new_bucket("cq"), "store")
+    remote = StoreFiles(Location.parse(uri, s3_server.options))
+    queues = remote.queue_files()
+    assert sorted(queues) == [("Ext", 1), ("Filled", 3), ("Plain", 0)]
+    for (topic, qid), files in queues.items():
+        local = ConsumeQueue(store, topic, qid, commitlog_min_offset=0)
+        got = remote.consume_queue(topic, qid, files).units()
+        assert got.tolist() == local.units().tolist(), (topic, qid)
+        assert remote.queue_reach(topic, qid, files) == local.max_physic_offset, (topic, qid)
+    ext_units = remote.consume_queue("Ext", 1, queues[("Ext", 1)]).units()
+    assert ext_units["is_ext_address"].all() and ext_units["tags_code"].tolist() == [-5 - i for i in range(15)]
+    assert remote.dispatched_end() == StoreFiles(store).dispatched_end() == 90_000 + 80 * 14 + 80

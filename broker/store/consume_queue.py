@@ -378,7 +378,7 @@ class ConsumeQueue:
         chunks: list[_Chunk] = []
         end_byte = self.files[0].base if self.files else 0
         for i, qf in enumerate(self.files):
-            rows = np.frombuffer(_read_file(qf.path, self.file_size), CQ_UNIT_DTYPE)
+            rows = np.frombuffer(self._read(qf), CQ_UNIT_DTYPE)
             valid = (rows["commitlog_offset"] >= 0) & (rows["size"] > 0)
             n = len(rows) if valid.all() else int(np.argmin(valid))
             if n:
@@ -392,6 +392,11 @@ class ConsumeQueue:
         self._scan_findings = self.findings[before:]
         self._chunks = chunks
         return chunks
+
+    def _read(self, qf: QueueFile) -> bytes:
+        """One queue file's bytes, zero-padded to the file size: the one place this class reads a
+        file, so a reader over another filesystem overrides only this."""
+        return _read_file(qf.path, self.file_size)
 
     def _report_end(self, qf: QueueFile, rows: np.ndarray, n: int, later: list[QueueFile]) -> None:
         """Findings for what lies at and after the end of data: a clean end is all zeros."""
@@ -407,7 +412,7 @@ class ConsumeQueue:
             self.findings.append(Finding(str(qf.path), n * CQ_STORE_UNIT_SIZE, fk.CQ_DATA_AFTER_END,
                                          f"{skipped} bytes after the end of data are not zero", skipped))
         for other in later:
-            data = np.frombuffer(_read_file(other.path, self.file_size), np.uint8)
+            data = np.frombuffer(self._read(other), np.uint8)
             nz = np.flatnonzero(data)
             if nz.size:
                 self.findings.append(Finding(str(other.path), 0, fk.CQ_DATA_AFTER_END,

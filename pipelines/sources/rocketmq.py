@@ -30,10 +30,12 @@ Four formats, registered together by :func:`register_sources`:
 ``rocketmq_findings``
     structural findings of the commitlog walk (``CORRUPT_RECORDS_SCHEMA``), one task per segment.
 
-The store path may be a local directory (segments are mmapped) or a ``pyarrow.fs`` URI
-(``s3://…``, ``gs://``, ``hdfs://``, ``file://``): such commitlog segments are read whole into
-memory by the task that decodes them, consume queue and index files are copied to a temporary
-directory first.
+The store path may be a local directory or a ``pyarrow.fs`` URI (``s3://…``, ``gs://``, ``hdfs://``,
+``file://``), with storage options as ``storage.<KEY>`` options (delta-rs names, e.g.
+``.option("storage.AWS_ENDPOINT_URL", …)``; the driver's environment is merged under them). Either
+way a task reads its byte range of a commitlog segment with ranged reads into one buffer
+(:mod:`pipelines.commitlog_ranges`: ``[start, end + MAX_RECORD_BYTES)``, never the whole segment),
+and consume queue and index files through the filesystem (:mod:`pipelines.store_files`).
 
 Caveat (PySpark 4.2.0): after a query whose filters were pushed here, Spark keeps that query's
 planned reader on the DataFrame's relation and reuses it for a later query on the *same*
@@ -46,15 +48,10 @@ options are always safe and always prune splits.
 from __future__ import annotations
 
 import datetime as _dt
-import mmap
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable, Iterator
-from urllib.parse import urlparse
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import (
@@ -71,22 +68,16 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
-from broker.store.columnar import DecodeFilter, DecodeStats, iter_decode
-from broker.store.commitlog import infer_segment_size, list_segments, Segment
-from broker.store.record_scan import scan_records
-from broker.store.constants import (
-    COMMITLOG_DIR,
-    CONSUME_QUEUE_DIR,
-    FILE_NAME_DIGITS,
-    INDEX_DIR,
-    PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
-    PROPERTY_ORIGIN_MESSAGE_ID,
-)
+from broker.store.columnar import DecodeFilter, DecodeStats
+from broker.store.constants import CONSUME_QUEUE_EXT_DIR, PROPERTY_DLQ_ORIGIN_MESSAGE_ID, PROPERTY_ORIGIN_MESSAGE_ID
 from broker.store.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from schemas.messages import MESSAGES_SCHEMA, RECORD_SCHEMA, body_as_view
 from schemas.spark import spark_ddl
 from schemas.tables import CONSUME_QUEUE_SCHEMA, CORRUPT_RECORDS_SCHEMA, INDEX_ENTRIES_SCHEMA
+from pipelines.commitlog_ranges import SegmentFile, decode_range, segment_files, walk_range
 from pipelines.sources.options import opt_bool, opt_int
+from pipelines.storage import Location, StorageError, location_from_source_options, source_options
+from pipelines.store_files import StoreFile, StoreFiles
 
 DEFAULT_BROKER_NAME = "broker-a"
 DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024
@@ -99,44 +90,18 @@ NEVER_NULL = frozenset(RECORD_SCHEMA.names) - {"tags", "uniq_key"} | {
 
 # ---- options and paths -------------------------------------------------------------------------------
 
-
-
-def _store_path(options) -> str:
+def store_location(options) -> Location:
+    """The ``path`` option (a local directory, ``file://`` or a remote URI) with the ``storage.*``
+    options (:func:`pipelines.storage.location_from_source_options`)."""
     path = options.get("path")
     if not path:
         raise ValueError("no store path: use .load(STORE_PATH) or .option('path', STORE_PATH)")
-    return str(path)
+    return location_from_source_options(str(path), options)
 
 
-def _is_remote(path: str) -> bool:
-    """True for a URI (``s3://…``, also ``file://…``): read through ``pyarrow.fs``, not mmap.
-    A Windows drive letter is not a scheme."""
-    return len(urlparse(path).scheme) > 1
-
-
-def _remote_fs(uri: str):
-    from pyarrow import fs as pafs
-
-    return pafs.FileSystem.from_uri(uri)  # (filesystem, path inside it)
-
-
-def _remote_listing(uri: str, sub: str, recursive: bool = False) -> tuple[object, str, list]:
-    """(filesystem, root path, FileInfo list of ``<store>/<sub>``) for a remote store."""
-    from pyarrow import fs as pafs
-
-    filesystem, root = _remote_fs(uri)
-    base = f"{root.rstrip('/')}/{sub}"
-    try:
-        infos = filesystem.get_file_info(pafs.FileSelector(base, allow_not_found=True, recursive=recursive))
-    except FileNotFoundError:
-        infos = []
-    return filesystem, root.rstrip("/"), infos
-
-
-def _read_remote(uri: str, path: str) -> bytes:
-    filesystem, _ = _remote_fs(uri)
-    with filesystem.open_input_file(path) as fh:
-        return fh.readall()
+def store_source_options(location: Location) -> dict[str, str]:
+    """Source options that name ``location`` (path and storage options) for :func:`store_location`."""
+    return {"path": location.uri, **source_options(location)}
 
 
 # ---- the messages source ------------------------------------------------------------------------------
@@ -145,20 +110,30 @@ def _read_remote(uri: str, path: str) -> bytes:
 class CommitLogSplit(InputPartition):
     """Records starting in ``[start, end)`` (segment positions) of one commitlog segment."""
 
-    path: str  # local path, or the path inside the remote filesystem
-    base: int  # physical offset of the segment's first byte
-    segment_size: int  # configured commitlog file size (what iter_decode calls seg_size)
+    segment: SegmentFile
     start: int
     end: int
-    remote_uri: str | None = None  # store URI when the segment is remote
 
     @property
     def value(self):  # InputPartition's attribute (for repr/debugging)
         return (self.path, self.start, self.end)
 
     @property
+    def path(self) -> str:
+        """The segment's URI or absolute local path (how findings name it)."""
+        return self.segment.label
+
+    @property
+    def base(self) -> int:
+        return self.segment.base
+
+    @property
+    def segment_size(self) -> int:
+        return self.segment.segment_size
+
+    @property
     def file_name(self) -> str:
-        return self.path.rsplit("/", 1)[-1]
+        return self.segment.name
 
 
 @dataclass
@@ -274,43 +249,24 @@ def _push_store_time(p: PushedFilters, f: Filter) -> None:
             p._upper("max_store_timestamp", -(-us // 1000))  # ts_ms <= ceil(us/1000)
 
 
-def _splits_for(segments: list[tuple[str, int, int]], segment_size: int, split_bytes: int,
-                lo: int | None, hi: int | None, remote_uri: str | None) -> list[CommitLogSplit]:
+def _splits_for(segments: list[SegmentFile], split_bytes: int, lo: int | None, hi: int | None) -> list[CommitLogSplit]:
     """Byte ranges of ``split_bytes`` over every segment, clipped to ``[lo, hi)`` (physical)."""
     out: list[CommitLogSplit] = []
-    for path, base, size in segments:
-        length = min(size, segment_size)
+    for seg in segments:
+        length = seg.data_len
         if length <= 0:
             continue
-        first = 0 if lo is None else max(0, lo - base)
-        last = length if hi is None else min(length, hi - base)
+        first = 0 if lo is None else max(0, lo - seg.base)
+        last = length if hi is None else min(length, hi - seg.base)
         if first >= last:
             continue
         pos = (first // split_bytes) * split_bytes
         while pos < last:
             start, end = max(pos, first), min(pos + split_bytes, last)
             if start < end:
-                out.append(CommitLogSplit(path, base, segment_size, start, end, remote_uri))
+                out.append(CommitLogSplit(seg, start, end))
             pos += split_bytes
     return out
-
-
-def list_commitlog(store_path: str, segment_size: int | None = None) -> tuple[list[tuple[str, int, int]], int]:
-    """``([(path, base, size), …], segment_size)`` of a local or remote store, in offset order."""
-    if not _is_remote(store_path):
-        segs = list_segments(Path(store_path) / COMMITLOG_DIR, segment_size)
-        size = segment_size or infer_segment_size(segs)
-        return [(str(s.path), s.base, s.size) for s in segs], size
-    from pyarrow import fs as pafs
-
-    _, _, infos = _remote_listing(store_path, COMMITLOG_DIR)
-    segs = [Segment(Path(i.path), int(i.base_name), i.size or 0) for i in infos
-            if i.type == pafs.FileType.File and len(i.base_name) == FILE_NAME_DIGITS and i.base_name.isdigit()]
-    segs.sort(key=lambda s: s.base)
-    size = segment_size or infer_segment_size(segs)
-    # keep the remote path exactly as listed (Path() would be fine for "bucket/key" but not for "//")
-    by_base = {int(i.base_name): i.path for i in infos if i.base_name.isdigit()}
-    return [(by_base[s.base], s.base, s.size) for s in segs], size
 
 
 def _constant(value: str | None, n: int) -> pa.Array:
@@ -354,7 +310,7 @@ def lake_columns(batch: pa.RecordBatch, broker_name: str, segment_file: str,
 
 class RocketMQReader(DataSourceReader):
     def __init__(self, options) -> None:
-        self.store_path = _store_path(options)
+        self.location = store_location(options)
         self.broker_name = options.get("brokerName") or DEFAULT_BROKER_NAME
         self.split_bytes = opt_int(options, "splitBytes", DEFAULT_SPLIT_BYTES)
         if self.split_bytes <= 0:
@@ -364,7 +320,7 @@ class RocketMQReader(DataSourceReader):
         self.segment_size = opt_int(options, "segmentSize", None)
         self.ingest_run_id = options.get("ingestRunId")
         self.verify_crc = opt_bool(options, "verifyCrc", True)
-        # bodies as binary_view into the mapped segment (no copy): only for Python consumers of
+        # bodies as binary_view into the split's read buffer (no copy): only for Python consumers of
         # read() such as pipelines.partition_writer; Spark itself needs the declared BINARY type
         self.body_view = opt_bool(options, "bodyView", False)
         # Off unless asked for: PySpark 4.2.0 keeps the reader planned for a pushed-down query on
@@ -409,9 +365,8 @@ class RocketMQReader(DataSourceReader):
         if self.pushed.empty or (self.pushed.broker_names is not None
                                  and self.broker_name not in self.pushed.broker_names):
             return [InputPartition(None)]
-        segments, segment_size = list_commitlog(self.store_path, self.segment_size)
-        splits = _splits_for(segments, segment_size, self.split_bytes, self.pushed.min_offset,
-                             self.pushed.max_offset, self.store_path if _is_remote(self.store_path) else None)
+        segments, _ = segment_files(StoreFiles(self.location), self.segment_size)
+        splits = _splits_for(segments, self.split_bytes, self.pushed.min_offset, self.pushed.max_offset)
         return list(splits) or [InputPartition(None)]
 
     # -- reading (executor-side Python worker) -------------------------------------------------------
@@ -425,41 +380,23 @@ class RocketMQReader(DataSourceReader):
             yield lake_columns(batch, self.broker_name, split.file_name, self.ingest_run_id)
 
 
-def _open_segment(split: CommitLogSplit):
-    if split.remote_uri is not None:
-        return _read_remote(split.remote_uri, split.path)
-    with open(split.path, "rb") as fh:
-        if os.fstat(fh.fileno()).st_size == 0:
-            return b""
-        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-
-
 def decode_split(split: CommitLogSplit, pushed: PushedFilters | None = None, *, verify_crc: bool = True,
                  stats: DecodeStats | None = None, body_view: bool = False) -> Iterator[pa.RecordBatch]:
-    """RECORD_SCHEMA batches of the records starting in the split (pushed filters applied exactly)."""
+    """RECORD_SCHEMA batches of the records starting in the split (pushed filters applied exactly),
+    read with ranged reads into one buffer of the split's size plus one maximum record."""
     pushed = pushed or PushedFilters()
-    flt = pushed.decode_filter()
-    buf = _open_segment(split)
-    try:
-        for batch in iter_decode(buf, split.base, split.segment_size, split.start, split.end,
-                                 file_name=split.file_name, flt=flt, verify_crc=verify_crc, stats=stats,
-                                 search_first=split.start != 0, body_view=body_view):
-            mask = None
-            if pushed.topics is not None:
-                mask = pc.is_in(batch.column("topic"), value_set=pa.array(sorted(pushed.topics), pa.string()))
-            if pushed.real_topics is not None:
-                m = pc.is_in(batch.column("real_topic"), value_set=pa.array(sorted(pushed.real_topics), pa.string()))
-                mask = m if mask is None else pc.and_(mask, m)
-            if mask is not None:
-                batch = batch.filter(mask)
-            if batch.num_rows:
-                yield batch
-    finally:
-        if isinstance(buf, mmap.mmap):
-            try:
-                buf.close()
-            except BufferError:  # an Arrow buffer still points into the map; GC closes it later
-                pass
+    for batch in decode_range(split.segment, split.start, split.end, search_first=split.start != 0,
+                              flt=pushed.decode_filter(), verify_crc=verify_crc, stats=stats, body_view=body_view):
+        mask = None
+        if pushed.topics is not None:
+            mask = pc.is_in(batch.column("topic"), value_set=pa.array(sorted(pushed.topics), pa.string()))
+        if pushed.real_topics is not None:
+            m = pc.is_in(batch.column("real_topic"), value_set=pa.array(sorted(pushed.real_topics), pa.string()))
+            mask = m if mask is None else pc.and_(mask, m)
+        if mask is not None:
+            batch = batch.filter(mask)
+        if batch.num_rows:
+            yield batch
 
 
 class RocketMQDataSource(DataSource):
@@ -483,65 +420,35 @@ class QueuePartition(InputPartition):
     topic: str
     queue_id: int
     commitlog_min_offset: int
+    files: tuple[StoreFile, ...] = ()  # the queue's files as listed (read by a remote store's task)
 
     @property
     def value(self):
         return (self.topic, self.queue_id)
 
 
-@dataclass(frozen=True)
-class _RemoteCopy:
-    """Copy ``<store>/<sub>`` files of a remote store into a temporary local store directory."""
-
-    uri: str
-
-    def fetch(self, sub: str) -> str:
-        from pyarrow import fs as pafs
-
-        filesystem, root, infos = _remote_listing(self.uri, sub, recursive=True)
-        tmp = tempfile.mkdtemp(prefix="rocketlake-")
-        for info in infos:
-            if info.type != pafs.FileType.File:
-                continue
-            rel = info.path[len(root) + 1:]
-            dst = Path(tmp) / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            with filesystem.open_input_file(info.path) as src, open(dst, "wb") as out:
-                out.write(src.readall())
-        return tmp
-
-
-def _local_store(store_path: str, sub: str) -> tuple[str, str | None]:
-    """A local directory holding ``<sub>`` of the store, and a temp dir to delete afterwards."""
-    if not _is_remote(store_path):
-        return store_path, None
-    tmp = _RemoteCopy(store_path).fetch(sub)
-    return tmp, tmp
-
-
 class ConsumeQueueReader(DataSourceReader):
     def __init__(self, options) -> None:
-        self.store_path = _store_path(options)
+        self.location = store_location(options)
         self.broker_name = options.get("brokerName") or DEFAULT_BROKER_NAME
+        self.store: StoreFiles | None = None
 
     def partitions(self) -> list[InputPartition]:
         from broker.store.consume_queue import list_queues
 
-        segments, _ = list_commitlog(self.store_path)
-        min_offset = next((base for _, base, size in segments), 0)
-        if _is_remote(self.store_path):
-            from pyarrow import fs as pafs
-
-            _, root, infos = _remote_listing(self.store_path, CONSUME_QUEUE_DIR, recursive=True)
-            queues = set()
-            for i in infos:
-                parts = i.path[len(root) + 1:].split("/")
-                if i.type == pafs.FileType.Directory and len(parts) == 3 and parts[2].isascii() and parts[2].isdigit():
-                    queues.add((parts[1], int(parts[2])))
-            queues = sorted(queues)
+        self.store = StoreFiles(self.location)  # travels to the tasks with its listings
+        try:
+            min_offset = self.store.commitlog_segments()[0].base
+        except StorageError:
+            min_offset = 0  # no commitlog: every unit is above the (nonexistent) minimum
+        if self.location.is_local:
+            # the local reader's own rules (symlinks leaving the store are skipped)
+            parts = [QueuePartition(t, q, min_offset) for t, q in list_queues(self.location.uri)]
         else:
-            queues = list_queues(self.store_path)
-        return [QueuePartition(t, q, min_offset) for t, q in queues] or [InputPartition(None)]
+            queues = self.store.queue_files()
+            self.store.queue_files(CONSUME_QUEUE_EXT_DIR)  # listed once here, not by every task
+            parts = [QueuePartition(t, q, min_offset, tuple(files)) for (t, q), files in queues.items()]
+        return list(parts) or [InputPartition(None)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, QueuePartition):
@@ -549,16 +456,13 @@ class ConsumeQueueReader(DataSourceReader):
         return self._read(partition)
 
     def _read(self, part: QueuePartition) -> Iterator[pa.RecordBatch]:
-        from broker.store.consume_queue import ConsumeQueue
-
-        store, tmp = _local_store(self.store_path, f"{CONSUME_QUEUE_DIR}/{part.topic}/{part.queue_id}")
+        store = self.store or StoreFiles(self.location)
+        cq = store.consume_queue(part.topic, part.queue_id, list(part.files),
+                                 commitlog_min_offset=part.commitlog_min_offset)
         try:
-            cq = ConsumeQueue(store, part.topic, part.queue_id, commitlog_min_offset=part.commitlog_min_offset)
             units = cq.units()
-            cq.close()
         finally:
-            if tmp:
-                shutil.rmtree(tmp, ignore_errors=True)
+            cq.close()
         n = len(units)
         if n == 0:
             return
@@ -591,42 +495,24 @@ class RocketMQConsumeQueueDataSource(DataSource):
 
 @dataclass(frozen=True)
 class IndexPartition(InputPartition):
-    path: str  # local path, or the path inside the remote filesystem
-    max_hash_slot_num: int | None
-    max_index_num: int | None
+    file_name: str
+    max_hash_slot_num: int
+    max_index_num: int
 
     @property
     def value(self):
-        return self.path
-
-    @property
-    def file_name(self) -> str:
-        return self.path.rsplit("/", 1)[-1]
+        return self.file_name
 
 
 class IndexReader(DataSourceReader):
     def __init__(self, options) -> None:
-        self.store_path = _store_path(options)
+        self.location = store_location(options)
         self.broker_name = options.get("brokerName") or DEFAULT_BROKER_NAME
 
     def partitions(self) -> list[InputPartition]:
-        from broker.store.index_file import IndexService, parse_index_file_name
-
-        if _is_remote(self.store_path):
-            from pyarrow import fs as pafs
-
-            _, _, infos = _remote_listing(self.store_path, INDEX_DIR)
-            paths = sorted((i.path for i in infos if i.type == pafs.FileType.File
-                            and parse_index_file_name(i.base_name) is not None),
-                           key=lambda p: p.rsplit("/", 1)[-1])
-            return [IndexPartition(p, None, None) for p in paths] or [InputPartition(None)]
-        service = IndexService(self.store_path)
-        try:
-            parts = [IndexPartition(str(f.path), service.max_hash_slot_num, service.max_index_num)
-                     for f in service.files]
-        finally:
-            service.close()
-        return parts or [InputPartition(None)]
+        store = StoreFiles(self.location)
+        slots, num = store.index_geometry()
+        return [IndexPartition(f.name, slots, num) for f in store.index_files()] or [InputPartition(None)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, IndexPartition):
@@ -634,37 +520,19 @@ class IndexReader(DataSourceReader):
         return self._read(partition)
 
     def _read(self, part: IndexPartition) -> Iterator[pa.RecordBatch]:
-        from broker.store.index_file import IndexFile
-
-        tmp = None
-        path = part.path
-        if _is_remote(self.store_path):
-            tmp = tempfile.mkdtemp(prefix="rocketlake-")
-            path = os.path.join(tmp, part.file_name)
-            with open(path, "wb") as out:
-                out.write(_read_remote(self.store_path, part.path))
-        try:
-            f = IndexFile.open(path, part.max_hash_slot_num, part.max_index_num)
-            try:
-                rows = f.entries()
-                begin = f.header.begin_timestamp
-            finally:
-                f.close()
-        finally:
-            if tmp:
-                shutil.rmtree(tmp, ignore_errors=True)
-        n = len(rows)
-        if n == 0:
-            return
-        time_diff = pa.array(rows["time_diff"]).cast(pa.int64())
-        yield pa.RecordBatch.from_arrays([
-            _constant(self.broker_name, n),
-            _constant(part.file_name, n),
-            pa.array(rows["key_hash"]),
-            pa.array(rows["phy_offset"]),
-            pc.add(pc.multiply(time_diff, 1000), begin),
-            pa.array(rows["prev_index"]),
-        ], schema=INDEX_ENTRIES_SCHEMA)
+        """The entries in batches of bounded size, each one ranged read of the file."""
+        geometry = (part.max_hash_slot_num, part.max_index_num)
+        for header, rows in StoreFiles(self.location).iter_index_entries(part.file_name, geometry):
+            n = len(rows)
+            time_diff = pa.array(rows["time_diff"].astype(np.int64))
+            yield pa.RecordBatch.from_arrays([
+                _constant(self.broker_name, n),
+                _constant(part.file_name, n),
+                pa.array(rows["key_hash"].astype(np.int32)),
+                pa.array(rows["phy_offset"].astype(np.int64)),
+                pc.add(pc.multiply(time_diff, 1000), header.begin_timestamp),
+                pa.array(rows["prev_index"].astype(np.int32)),
+            ], schema=INDEX_ENTRIES_SCHEMA)
 
 
 class RocketMQIndexDataSource(DataSource):
@@ -689,10 +557,11 @@ class CommitLogFindingsReader(DataSourceReader):
     ``untilOffset`` (walk only records starting there), ``ingestRunId``, ``segmentSize``.
 
     Why per segment and not per split: the walk is cheap (no column building), and a segment's
-    walk reports each corrupt region exactly once without any rule for regions crossing splits."""
+    walk reports each corrupt region exactly once without any rule for regions crossing splits. The
+    task still reads the segment in bounded windows (:func:`pipelines.commitlog_ranges.walk_range`)."""
 
     def __init__(self, options) -> None:
-        self.store_path = _store_path(options)
+        self.location = store_location(options)
         self.broker_name = options.get("brokerName") or DEFAULT_BROKER_NAME
         self.from_offset = opt_int(options, "fromOffset", None)
         self.until_offset = opt_int(options, "untilOffset", None)
@@ -700,9 +569,8 @@ class CommitLogFindingsReader(DataSourceReader):
         self.ingest_run_id = options.get("ingestRunId")
 
     def partitions(self) -> list[InputPartition]:
-        segments, segment_size = list_commitlog(self.store_path, self.segment_size)
-        splits = _splits_for(segments, segment_size, segment_size, self.from_offset, self.until_offset,
-                             self.store_path if _is_remote(self.store_path) else None)
+        segments, segment_size = segment_files(StoreFiles(self.location), self.segment_size)
+        splits = _splits_for(segments, segment_size, self.from_offset, self.until_offset)
         return list(splits) or [InputPartition(None)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -711,18 +579,12 @@ class CommitLogFindingsReader(DataSourceReader):
         return self._read(partition)
 
     def _read(self, split: CommitLogSplit) -> Iterator[pa.RecordBatch]:
-        buf = _open_segment(split)
-        try:
-            scan = scan_records(buf, split.base, split.segment_size, split.start, split.end, split.path,
-                                search_first=split.start != 0)
-        finally:
-            if isinstance(buf, mmap.mmap):
-                buf.close()
-        if scan.findings:
+        walk = walk_range(split.segment, split.start, split.end, search_first=split.start != 0)
+        if walk.findings:
             yield pa.RecordBatch.from_pylist([
                 {"broker_name": self.broker_name, "file": f.file, "offset": f.offset,
                  "reason": f"{f.kind}: {f.detail}", "bytes_skipped": f.bytes_skipped,
-                 "ingest_run_id": self.ingest_run_id} for f in scan.findings], schema=CORRUPT_RECORDS_SCHEMA)
+                 "ingest_run_id": self.ingest_run_id} for f in walk.findings], schema=CORRUPT_RECORDS_SCHEMA)
 
 
 class RocketMQFindingsDataSource(DataSource):

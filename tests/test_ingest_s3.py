@@ -1,0 +1,280 @@
+"""Ingest of stores on S3 into a lake on S3 (a real ``moto_server`` over HTTP): the tables equal a
+local ingest of the same stores, a killed run on S3 reruns with no duplicate and no gap, and a
+location that holds no store is a one-line error (exit 2).
+
+Two stores: a copy of the golden Apache store with damage (a record whose magic is broken, a body
+byte flipped: ``corrupt_records`` gets rows of both kinds) and a generated store (several segments,
+compressed bodies, batches, delays, retries, DLQ, transactions; a live-like last segment with zeros
+after the data). Files in ``corrupt_records`` are named by the store's root (its URI on S3, its
+absolute path locally); the comparison swaps that root for a placeholder and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from broker import cli
+from broker.store.generate import GenerateSpec, generate_store
+from pipelines.ingest import ingest
+from pipelines.job_args import StoreSpec
+from pipelines.lake import open_table
+from pipelines.storage import Location
+from tests.job_runner import group_alive, pump_lines
+from schemas.messages import MESSAGES_TABLE
+from schemas.tables import CONSUME_QUEUE_TABLE, CORRUPT_RECORDS_TABLE, INDEX_ENTRIES_TABLE, INGEST_RUNS_TABLE
+
+REPO = Path(__file__).resolve().parents[1]
+SPLIT_BYTES = 262_144  # several messages tasks per segment: splits start inside records
+ROOT = "<store>"
+SORT_KEYS = {
+    MESSAGES_TABLE: ["broker_name", "commitlog_offset"],
+    CONSUME_QUEUE_TABLE: ["broker_name", "topic", "queue_id", "queue_offset"],
+    INDEX_ENTRIES_TABLE: ["broker_name", "index_file", "key_hash", "commitlog_offset", "prev_index"],
+    CORRUPT_RECORDS_TABLE: ["broker_name", "file", "offset", "reason"],
+}
+RUN_COUNTS = ["broker_name", "from_offset", "to_offset", "messages_rows", "consume_queue_rows",
+              "index_entries_rows", "corrupt_records_rows", "status"]
+PARTITION_LINE = re.compile(rb"\bmessages: partition (\d+)/(\d+) .*: (\d+) rows")
+JOB_DEADLINE_S = 600  # a guard against a hung job, never a pass condition
+
+
+def _damaged_golden(golden_store: Path, golden_records: list[dict], into: Path) -> Path:
+    store = into / "golden"
+    shutil.copytree(golden_store, store)
+    for path in store.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)  # the golden files are read-only
+    seg = store / "commitlog" / "00000000000000000000"
+    data = bytearray(seg.read_bytes())
+    victim = golden_records[100]["phyOffset"]
+    data[victim + 4:victim + 8] = b"\x00\x11\x22\x33"  # bad magic: skipped, a corrupt_records row
+    data[golden_records[200]["phyOffset"] + 200] ^= 0xFF  # inside a body: kept, a crc_mismatch row
+    seg.write_bytes(bytes(data))
+    return store
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory, golden_store, golden_records) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("stores")
+    generated = root / "generated"
+    generate_store(generated, GenerateSpec(messages=3000, body_bytes=600, segment_bytes=1 << 20, cq_file_bytes=4000,
+                                           index_slots=64, index_entries=256, seed=7))
+    return {"golden-x": _damaged_golden(golden_store, golden_records, root), "generated": generated}
+
+
+@pytest.fixture(scope="module")
+def bucket(s3_server) -> str:
+    return s3_server.new_bucket("ingest")
+
+
+@pytest.fixture(scope="module")
+def s3_stores(s3_server, stores, bucket) -> dict[str, str]:
+    return {name: s3_server.upload_dir(path, bucket, f"stores/{name}") for name, path in stores.items()}
+
+
+@pytest.fixture(scope="module")
+def local_lake(spark, stores, tmp_path_factory) -> Path:
+    lake = tmp_path_factory.mktemp("local-lake")
+    ingest(spark, [StoreSpec(name, str(path)) for name, path in stores.items()], str(lake), split_bytes=SPLIT_BYTES)
+    return lake
+
+
+@pytest.fixture(scope="module")
+def s3_lake(spark, s3_server, s3_stores, bucket) -> Location:
+    options = s3_server.options  # passed explicitly: nothing comes from this process's environment
+    lake = Location.parse(f"s3://{bucket}/lake", options)
+    specs = [StoreSpec.parse(f"{name}={uri}", options) for name, uri in s3_stores.items()]
+    ingest(spark, specs, lake, split_bytes=SPLIT_BYTES)
+    return lake
+
+
+def _table(lake, name: str) -> pa.Table:
+    dt = open_table(lake, name)
+    assert dt is not None, f"{name}: no Delta table in {lake}"
+    return dt.to_pyarrow_table()
+
+
+def _roots(stores: dict[str, Path], s3_stores: dict[str, str]) -> list[str]:
+    return [str(p) for p in stores.values()] + list(s3_stores.values())
+
+
+def _comparable(lake, name: str, roots: list[str]) -> pa.Table:
+    """Rows in key order without the run id; ``file`` with the store root as a placeholder."""
+    table = _table(lake, name)
+    table = table.select(sorted(c for c in table.column_names if c != "ingest_run_id"))
+    if "file" in table.column_names:
+        files = table["file"].to_pylist()
+        for root in roots:
+            files = [ROOT + f[len(root):] if f.startswith(root + "/") else f for f in files]
+        table = table.set_column(table.column_names.index("file"), "file", pa.array(files, pa.string()))
+    return table.sort_by([(k, "ascending") for k in SORT_KEYS[name]])
+
+
+@pytest.mark.parametrize("name", [MESSAGES_TABLE, CONSUME_QUEUE_TABLE, INDEX_ENTRIES_TABLE, CORRUPT_RECORDS_TABLE])
+def test_s3_tables_equal_the_local_ones(name, local_lake, s3_lake, stores, s3_stores):
+    roots = _roots(stores, s3_stores)
+    local, remote = _comparable(local_lake, name, roots), _comparable(s3_lake, name, roots)
+    assert local.num_rows > 0
+    assert remote.schema == local.schema
+    assert remote.num_rows == local.num_rows
+    assert remote.equals(local)
+
+
+def test_s3_tables_hold_both_stores(local_lake, s3_lake, stores, s3_stores, golden_records):
+    """What the comparison compared: every store's records, both kinds of damage, files by root."""
+    messages = _table(s3_lake, MESSAGES_TABLE)
+    per_broker = Counter(messages["broker_name"].to_pylist())
+    assert per_broker == {"golden-x": len(golden_records) - 1, "generated": 3000}
+    segments = set(pc.unique(messages.filter(pc.field("broker_name") == "generated")["segment_file"]).to_pylist())
+    assert len(segments) >= 3  # several segments of the generated store
+    corrupt = _table(s3_lake, CORRUPT_RECORDS_TABLE).to_pylist()
+    assert sorted((r["broker_name"], r["reason"].split(":")[0]) for r in corrupt) == [
+        ("golden-x", "bad_magic"), ("golden-x", "crc_mismatch")]
+    seg = f"{s3_stores['golden-x']}/commitlog/00000000000000000000"
+    assert {r["file"] for r in corrupt} == {seg}  # both kinds name the file by the store's URI
+    local_files = {r["file"] for r in _table(local_lake, CORRUPT_RECORDS_TABLE).to_pylist()}
+    assert local_files == {str(stores["golden-x"] / "commitlog" / "00000000000000000000")}
+
+
+def test_s3_ingest_runs_count_the_same(local_lake, s3_lake):
+    def runs(lake) -> list[tuple]:
+        table = _table(lake, INGEST_RUNS_TABLE)
+        return sorted(tuple(r[c] for c in RUN_COUNTS) for r in table.to_pylist())
+
+    assert runs(s3_lake) == runs(local_lake)
+    assert len(runs(s3_lake)) == 2 and all(r[-1] == "SUCCEEDED" for r in runs(s3_lake))
+
+
+def test_s3_rerun_adds_nothing(spark, s3_server, s3_stores, s3_lake):
+    versions = {name: open_table(s3_lake, name).version() for name in SORT_KEYS}
+    specs = [StoreSpec.parse(f"{name}={uri}", s3_server.options) for name, uri in s3_stores.items()]
+    summaries = ingest(spark, specs, s3_lake, split_bytes=SPLIT_BYTES)
+    assert [(s.rows, s.status) for s in summaries] == [({}, "NOTHING_NEW")] * 2
+    assert {name: open_table(s3_lake, name).version() for name in SORT_KEYS} == versions
+
+
+# ---- a killed run on S3 ---------------------------------------------------------------------------------
+
+def _job(store_uri: str, lake_uri: str) -> list[str]:
+    return [sys.executable, str(REPO / "jobs" / "ingest_commitlog.py"), "--store", f"golden-x={store_uri}",
+            "--lake", lake_uri, "--master", "local[1]", "--split-bytes", str(SPLIT_BYTES)]
+
+
+def _job_env(s3_server) -> dict[str, str]:
+    """The storage options reach the job through the environment, as they would on a cluster node."""
+    return dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, **s3_server.env)
+
+
+def _kill_after_first_partition(cmd: list[str], env: dict[str, str]) -> tuple[int, int, int, list[bytes]]:
+    """Run the job; SIGKILL its process group once it has logged a written messages partition (and
+    not all of them). Returns (exit status, partitions logged, partitions in all, log lines)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    lines, reader = pump_lines(proc.stderr)
+    seen: list[bytes] = []
+    written, total = 0, 0
+    deadline = time.monotonic() + JOB_DEADLINE_S
+    try:
+        while written == 0:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            if line is None:
+                pytest.fail("the job ended before it logged a written partition:\n"
+                            + b"\n".join(seen[-40:]).decode("utf-8", "replace"))
+            seen.append(line)
+            found = PARTITION_LINE.search(line)
+            if found:
+                written, total = written + 1, int(found.group(2))
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        returncode = proc.wait()
+        while group_alive(proc.pid):  # nothing of the killed run may still write when the rerun starts
+            assert time.monotonic() < deadline, "the killed job's processes did not go"
+            time.sleep(0.05)
+        reader.join(max(0.0, deadline - time.monotonic()))
+        proc.stderr.close()
+    return returncode, written, total, seen
+
+
+def test_killed_s3_ingest_reruns_exactly_once(s3_server, s3_stores, local_lake):
+    bucket = s3_server.new_bucket("killed")
+    lake_uri = f"s3://{bucket}/lake"
+    cmd, env = _job(s3_stores["golden-x"], lake_uri), _job_env(s3_server)
+    returncode, written, total, _ = _kill_after_first_partition(cmd, env)
+    assert returncode == -signal.SIGKILL  # the job was running when it was killed
+    assert 1 <= written < total  # ... in the middle of writing messages
+    lake = Location.parse(lake_uri, s3_server.options)
+    messages = open_table(lake, MESSAGES_TABLE)
+    assert messages is None or messages.transaction_version("rocketlake.ingest.golden-x") is None  # not committed
+
+    done = subprocess.run(cmd, env=env, capture_output=True, timeout=JOB_DEADLINE_S)
+    assert done.returncode == 0, done.stderr[-3000:].decode("utf-8", "replace")
+
+    def broker_rows(lake_, name: str) -> pa.Table:
+        return _table(lake_, name).filter(pc.field("broker_name") == "golden-x")
+
+    got, want = broker_rows(lake, MESSAGES_TABLE), broker_rows(local_lake, MESSAGES_TABLE)
+    offsets = got["commitlog_offset"].to_pylist()
+    assert len(offsets) == len(set(offsets)) == want.num_rows  # no duplicate
+    assert sorted(offsets) == sorted(want["commitlog_offset"].to_pylist())  # no gap
+    for name in (CONSUME_QUEUE_TABLE, INDEX_ENTRIES_TABLE, CORRUPT_RECORDS_TABLE):
+        assert broker_rows(lake, name).num_rows == broker_rows(local_lake, name).num_rows, name
+    runs = _table(lake, INGEST_RUNS_TABLE).to_pylist()
+    assert [(r["from_offset"], r["messages_rows"]) for r in runs] == [(0, want.num_rows)]
+
+
+# ---- locations that hold no store ----------------------------------------------------------------------
+
+def _options(s3_server) -> list[str]:
+    return [arg for key, value in s3_server.options.items() for arg in ("--storage-option", f"{key}={value}")]
+
+
+def test_uri_without_a_commitlog_is_an_error(s3_server, s3_stores, bucket, capsys, tmp_path):
+    empty = f"s3://{bucket}/stores/nothing-here"
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["ingest", "--store", f"b={empty}", "--lake", str(tmp_path / "lake"), *_options(s3_server)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"ingest_commitlog.py: error: {empty} lists no commitlog segment (commitlog/ holds no "
+                       "20-digit file): not a broker store, or not reachable with these storage options")
+    assert not (tmp_path / "lake").exists()
+
+
+def test_unreachable_endpoint_is_one_line(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["ingest", "--store", "s3://some-bucket/store", "--lake", str(tmp_path / "lake"),
+                  "--storage-option", "AWS_ENDPOINT_URL=http://127.0.0.1:9", "--storage-option", "AWS_REGION=us-east-1",
+                  "--storage-option", "AWS_ACCESS_KEY_ID=x", "--storage-option", "AWS_SECRET_ACCESS_KEY=y"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("ingest_commitlog.py: error: s3://some-bucket/store/commitlog: cannot list (")
+    assert "Traceback" not in "\n".join(err)
+
+
+def test_lake_in_a_missing_bucket_is_an_error(s3_server, golden_store, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["ingest", "--store", str(golden_store), "--lake", "s3://no-such-bucket-here/lake", *_options(s3_server)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "ingest_commitlog.py: error: --lake s3://no-such-bucket-here/lake: bucket 'no-such-bucket-here' does not "
+        "exist (or is not visible with these storage options)")
+
+
+@pytest.mark.parametrize("bad", ["NOEQUALS", "=value"])
+def test_malformed_storage_option_is_an_error(bad, golden_store, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["ingest", "--store", str(golden_store), "--lake", str(tmp_path / "lake"), "--storage-option", bad])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        f"ingest_commitlog.py: error: --storage-option {bad!r} is not KEY=VALUE"
