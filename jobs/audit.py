@@ -1,7 +1,10 @@
 """spark-submit entry: store audit → Delta tables audit_findings and topic_daily_stats.
 
-    spark-submit jobs/audit.py --store [NAME=]PATH ... --lake LAKE_DIR [--no-ingest]
-    rocketlake audit --store [NAME=]PATH ... --lake LAKE_DIR [--no-ingest] [--master M]
+    spark-submit jobs/audit.py --store [NAME=]PATH ... --lake LAKE [--no-ingest] [--storage-option KEY=VALUE ...]
+    rocketlake audit --store [NAME=]PATH ... --lake LAKE [--no-ingest] [--master M]
+
+Stores and lake are directories or URIs (``s3://bucket/store``, ``s3://bucket/lake``); storage options
+come from the environment and ``--storage-option``. A finding in a remote store names its file by URI.
 
 First brings the lake up to date (the ingest job's incremental run; ``--no-ingest`` audits the
 tables as they are), then recomputes the given brokers' findings and per-day topic statistics and
@@ -10,7 +13,8 @@ Prints the number of findings per kind and a one-line summary.
 
 Exit status: 0 when the audit ran, findings or not: findings are data, written to the table for
 whoever reads it (alerting belongs to the consumer of ``audit_findings``, not to the job's exit
-code, so a scheduler does not retry a run that worked). 2 for bad arguments.
+code, so a scheduler does not retry a run that worked). 2 for bad arguments and for storage that
+cannot be used (a store URI without a store, an endpoint that does not answer): one line, no traceback.
 """
 
 from __future__ import annotations
@@ -34,14 +38,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    from pipelines.job_args import configure_job_logging, job_session, parse_stores
+    from pipelines.job_args import configure_job_logging, job_session, resolve_store_lake
     from pipelines.reports.audit import KINDS, run_audit
+    from pipelines.storage import StorageError
 
     configure_job_logging()
 
-    stores = parse_stores(ap, args.store)
-    with job_session("rocketlake-audit", args.master) as spark:
-        result = run_audit(spark, stores, args.lake, ingest_first=not args.no_ingest)
+    stores, lake = resolve_store_lake(ap, args)
+    try:
+        with job_session("rocketlake-audit", args.master) as spark:
+            result = run_audit(spark, stores, lake, ingest_first=not args.no_ingest)
+    except StorageError as exc:
+        print(f"{ap.prog}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     counts = result.counts()
     width = max(len(k) for k in KINDS)
     for kind in KINDS:

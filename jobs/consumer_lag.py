@@ -1,8 +1,13 @@
 """spark-submit entry: consumer lag snapshot, Burrow-style status and a lag plot.
 
-    spark-submit jobs/consumer_lag.py --store [NAME=]PATH ... --lake LAKE_DIR [--window N] [--stop-after-s S]
+    spark-submit jobs/consumer_lag.py --store [NAME=]PATH ... --lake LAKE [--window N] [--stop-after-s S]
         [--max-lag-messages GROUP=N ...] [--max-lag-seconds GROUP=S ...] [--group G] [--plot PNG] [--snapshot-ts ISO]
+        [--storage-option KEY=VALUE ...]
     rocketlake lag ...                      # the same, with a local Spark session
+
+Stores and lake are directories or URIs (``--store broker-a=s3://bucket/store --lake s3://bucket/lake``);
+storage options come from the environment and ``--storage-option``. A store URI that holds no
+commitlog, or storage that does not answer, is a one-line error (exit 2).
 
 With ``--store``: one snapshot of every store's consumer offsets against its consume queues is
 appended to ``consumer_lag`` (one ``snapshot_ts`` for all stores; a rerun at the same time adds
@@ -115,7 +120,7 @@ def print_report(snapshot, status, group: str | None) -> None:
               f"lag_s={_num(r['lag_seconds'])} ({r['reason']})", flush=True)
 
 
-def take_snapshot(args: argparse.Namespace, stores: list, snapshot_ts: datetime, thresholds) -> None:
+def take_snapshot(args: argparse.Namespace, lake, stores: list, snapshot_ts: datetime, thresholds) -> None:
     """Snapshot -> consumer_lag, evaluation -> consumer_lag_status, printed."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -123,14 +128,14 @@ def take_snapshot(args: argparse.Namespace, stores: list, snapshot_ts: datetime,
     from pipelines.reports.consumer_lag import append_snapshot, snapshot_stores
     from pipelines.reports.lag_status import append_status, evaluate, load_window
 
-    snapshot = snapshot_stores([(s.name, s.path) for s in stores], snapshot_ts)
-    written = append_snapshot(args.lake, snapshot)
-    history = load_window(args.lake, [s.name for s in stores], args.window, until=snapshot_ts)
+    snapshot = snapshot_stores([(s.name, s.location) for s in stores], snapshot_ts)
+    written = append_snapshot(lake, snapshot)
+    history = load_window(lake, [s.name for s in stores], args.window, until=snapshot_ts)
     status = evaluate(history, window=args.window, stop_after_s=args.stop_after_s, thresholds=thresholds)
     # only partitions in this run's snapshot (a store without groups now must not re-report old rows)
     ts_type = snapshot.schema.field("snapshot_ts").type
     status = status.filter(pc.field("evaluated_at") == pa.scalar(snapshot_ts, type=ts_type))
-    appended = append_status(args.lake, status.filter(pc.field("broker_name").isin(written))) if written else 0
+    appended = append_status(lake, status.filter(pc.field("broker_name").isin(written))) if written else 0
     print_report(snapshot, status, args.group)
     stamp = snapshot_ts.isoformat().replace("+00:00", "Z")
     print(f"consumer_lag: {snapshot.num_rows} rows at {stamp}"
@@ -138,12 +143,12 @@ def take_snapshot(args: argparse.Namespace, stores: list, snapshot_ts: datetime,
           + f"; consumer_lag_status: {appended} rows appended", flush=True)
 
 
-def plot(ap: argparse.ArgumentParser, args: argparse.Namespace, spark) -> None:
+def plot(ap: argparse.ArgumentParser, args: argparse.Namespace, lake, spark) -> None:
     from pipelines.reports.lag_plot import load_lag_series, render_lag_plot
 
-    series = load_lag_series(args.lake, args.group, spark)
+    series = load_lag_series(lake, args.group, spark)
     if series.num_rows == 0:
-        ap.error(f"--group {args.group!r}: no consumer_lag rows for this group in {args.lake}")
+        ap.error(f"--group {args.group!r}: no consumer_lag rows for this group in {lake}")
     path = render_lag_plot(series, args.group, args.plot)
     snapshots = len(set(series.column("snapshot_ts").to_pylist()))
     topics = len(set(series.column("topic").to_pylist()))
@@ -153,20 +158,25 @@ def plot(ap: argparse.ArgumentParser, args: argparse.Namespace, spark) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    from pipelines.job_args import configure_job_logging, job_session, parse_stores
+    from pipelines.job_args import configure_job_logging, job_session, resolve_store_lake
+    from pipelines.storage import StorageError
 
     configure_job_logging()
 
-    stores = parse_stores(ap, args.store)
+    stores, lake = resolve_store_lake(ap, args)
     _check_args(ap, args, stores)
     thresholds = _thresholds(ap, args)
     snapshot_ts = _snapshot_ts(ap, args.snapshot_ts)
 
-    with job_session("rocketlake-consumer-lag", args.master) as spark:
-        if stores:
-            take_snapshot(args, stores, snapshot_ts, thresholds)
-        if args.plot:
-            plot(ap, args, spark)
+    try:
+        with job_session("rocketlake-consumer-lag", args.master) as spark:
+            if stores:
+                take_snapshot(args, lake, stores, snapshot_ts, thresholds)
+            if args.plot:
+                plot(ap, args, lake, spark)
+    except StorageError as exc:  # a store URI with no store, storage that does not answer
+        print(f"{ap.prog}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     return 0
 
 

@@ -1,6 +1,11 @@
 """spark-submit entry: dead-letter-queue analysis → Delta tables dlq_messages and dlq_summary.
 
-    spark-submit jobs/dlq_report.py --store [NAME=]PATH ... --lake LAKE_DIR [--no-ingest]
+    spark-submit jobs/dlq_report.py --store [NAME=]PATH ... --lake LAKE [--no-ingest] [--storage-option KEY=VALUE ...]
+    rocketlake dlq ...                      # the same, with a local Spark session
+
+Stores and lake are directories or URIs (``s3://bucket/store``, ``s3://bucket/lake``); storage options
+come from the environment and ``--storage-option``. Storage that cannot be used is a one-line error
+(exit 2).
 
 First brings the lake's ``messages`` table up to date for the given stores (incremental ingest,
 cheap when nothing is new) unless ``--no-ingest``; then recomputes both tables for those brokers in
@@ -64,18 +69,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     from pipelines.ingest import ingest
-    from pipelines.job_args import configure_job_logging, job_session, parse_stores
+    from pipelines.job_args import configure_job_logging, job_session, resolve_store_lake
     from pipelines.reports.dlq import run_dlq_report
+    from pipelines.storage import StorageError
 
     configure_job_logging()
 
-    stores = parse_stores(ap, args.store)
+    stores, lake = resolve_store_lake(ap, args)
     brokers = [s.name for s in stores]
-    with job_session("rocketlake-dlq", args.master) as spark:
-        if not args.no_ingest:
-            for summary in ingest(spark, stores, args.lake):
-                print(f"ingest {summary.line()}", flush=True)
-        report = run_dlq_report(spark, args.lake, brokers)
+    try:
+        with job_session("rocketlake-dlq", args.master) as spark:
+            if not args.no_ingest:
+                for summary in ingest(spark, stores, lake):
+                    print(f"ingest {summary.line()}", flush=True)
+            report = run_dlq_report(spark, lake, brokers)
+    except StorageError as exc:
+        print(f"{ap.prog}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     print(format_summary(report.summary.to_pylist()))
     print(total_line(report, brokers), flush=True)
     return 0

@@ -2,13 +2,15 @@
 
     spark-submit jobs/replay.py --lake LAKE --namesrv HOST:PORT[;HOST:PORT] SELECTION [--target-topic T]
         [--rate MSGS_PER_S] [--dry-run] [--run-id ID] [--producer-group G] [--keep-order] [--keep-msg-id]
-        [--max-messages N]
+        [--max-messages N] [--storage-option KEY=VALUE ...]
 
 SELECTION is one of: --topic T --since ISO --until ISO [--broker B] [--queue Q] [--tag TAG] [--key K];
 --where "SQL predicate over messages"; --dlq GROUP [--original-topic T] [--since ISO] [--until ISO].
 Prints the plan, then sends; every message's fate is in the replay_ledger table and the run in
 replay_runs. Rerun with the same --run-id to finish an interrupted or incomplete run: what was sent is
-never sent again. Exit 0: SUCCEEDED or DRY_RUN; 1: INCOMPLETE (rerun it); 2: bad input.
+never sent again. LAKE is a directory or a URI (s3://bucket/lake, file://...); its storage options come
+from the environment and --storage-option and travel with it to the tasks that send. Exit 0:
+SUCCEEDED or DRY_RUN; 1: INCOMPLETE (rerun it); 2: bad input, or a lake that cannot be used.
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ def _run_id(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pipelines.sql.cli import add_lake_args
+
     ap = argparse.ArgumentParser(prog="replay.py", description=__doc__.split("\n\n")[0],
                                  epilog="Selection forms: " + __doc__.split("\n\n")[2].split("\n")[0])
-    ap.add_argument("--lake", required=True, metavar="LAKE_DIR", help="directory holding the Delta tables")
+    add_lake_args(ap, required=True)
     ap.add_argument("--namesrv", required=True, metavar="HOST:PORT[;HOST:PORT]", help="target cluster's name server(s)")
     ap.add_argument("--master", default=None, help="Spark master when not run by spark-submit (default local[2])")
     sel = ap.add_argument_group("selection (one of --topic, --where, --dlq)")
@@ -68,11 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    from pipelines.job_args import configure_job_logging, job_session
+    from pipelines.job_args import configure_job_logging, job_session, resolve_store_lake
     from pipelines.replay.run import Replay, ReplayError, ReplayOptions
     from pipelines.replay.selection import Selection, SelectionError
     from pipelines.replay.target import TargetError
+    from pipelines.storage import StorageError
 
+    _, lake = resolve_store_lake(ap, args)  # a malformed option or a lake that does not answer: exit 2
     selection = None
     if any(v is not None for v in (args.topic, args.where, args.dlq)):
         try:
@@ -84,14 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     elif args.run_id is None:
         ap.error("give a selection (--topic, --where or --dlq), or --run-id of a run to finish")
     configure_job_logging()
-    opts = ReplayOptions(lake=args.lake, namesrv=args.namesrv, selection=selection, target_topic=args.target_topic,
+    opts = ReplayOptions(lake=lake, namesrv=args.namesrv, selection=selection, target_topic=args.target_topic,
                          rate=args.rate, dry_run=args.dry_run, run_id=args.run_id, producer_group=args.producer_group,
                          keep_order=args.keep_order, keep_msg_id=args.keep_msg_id, max_messages=args.max_messages,
                          send_timeout=args.send_timeout)
     try:
         with job_session("rocketlake-replay", args.master) as spark:
             outcome = Replay(spark, opts, out=lambda line: print(line, flush=True)).run()
-    except (ReplayError, SelectionError, TargetError) as exc:
+    except (ReplayError, SelectionError, TargetError, StorageError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     rate = outcome.send_rate()

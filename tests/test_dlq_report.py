@@ -200,6 +200,7 @@ def test_no_ingest_without_messages_table_writes_empty_reports(spark, tmp_path, 
     lake = tmp_path / "lake"
     store = tmp_path / "store"
     (store / "commitlog").mkdir(parents=True)
+    (store / "commitlog" / "00000000000000000000").write_bytes(b"")  # a store lists a segment, even an empty one
     for name, schema in ((DLQ_MESSAGES_TABLE, DLQ_MESSAGES_SCHEMA), (DLQ_SUMMARY_TABLE, DLQ_SUMMARY_SCHEMA)):
         stale = [{**{f.name: None for f in schema}, "broker_name": b, "store_date": dt.date(2024, 1, 1)}
                  for b in ("gone", "kept")]

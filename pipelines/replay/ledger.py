@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from pipelines.lake import append_arrow, replace_arrow, scan_arrow, table_exists, table_path
+from pipelines.lake import append_arrow, open_table, replace_arrow, scan_arrow, table_exists
+from pipelines.storage import Location
 from schemas.replay import (
     FAILED,
     LEDGER_STATUSES,
@@ -71,7 +72,7 @@ def next_events(state: pa.Table, status: list[str] | str, *, reason: list[str | 
     return events_table(cols)
 
 
-def append_events(lake: str, events: pa.Table, app_id: str, app_version: int) -> bool:
+def append_events(lake: str | Location, events: pa.Table, app_id: str, app_version: int) -> bool:
     """Append one batch of events; False when the batch was committed before (same app id/version)."""
     if events.num_rows == 0:
         return True
@@ -87,23 +88,22 @@ class LedgerWriter:
     (``update_incremental``): opening the table for every batch re-reads a log that grows with every
     batch of every task, and the replay stops sending while it commits."""
 
-    def __init__(self, lake: str, app_id: str) -> None:
+    def __init__(self, lake: str | Location, app_id: str) -> None:
         self.lake, self.app_id = lake, app_id
         self.version = 0
         self._table = None
 
     def append(self, events: pa.Table) -> bool:
         """Commit the next batch; False when that app version was committed before."""
-        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+        from deltalake import CommitProperties, Transaction, write_deltalake
 
         self.version += 1
         if events.num_rows == 0:
             return True
-        path = table_path(self.lake, REPLAY_LEDGER_TABLE)
         if self._table is None:
-            if not table_exists(self.lake, REPLAY_LEDGER_TABLE):
+            self._table = open_table(self.lake, REPLAY_LEDGER_TABLE)
+            if self._table is None:
                 return append_events(self.lake, events, self.app_id, self.version)
-            self._table = DeltaTable(path)
         else:
             self._table.update_incremental()
         seen = self._table.transaction_version(self.app_id)
@@ -116,7 +116,7 @@ class LedgerWriter:
         return True
 
 
-def run_events(lake: str, run_id: str, columns: list[str] | None = None) -> pa.Table:
+def run_events(lake: str | Location, run_id: str, columns: list[str] | None = None) -> pa.Table:
     """Every event of one run (partition-pruned on run_id)."""
     if not table_exists(lake, REPLAY_LEDGER_TABLE):
         return REPLAY_LEDGER_SCHEMA.empty_table()
@@ -190,25 +190,24 @@ class RunRecord:
         return cls(**values)
 
 
-def save_run(lake: str, run: RunRecord) -> None:
+def save_run(lake: str | Location, run: RunRecord) -> None:
     """Replace the run's row (one commit; other runs' rows stay)."""
     replace_arrow(lake, REPLAY_RUNS_TABLE, run.to_table(), predicate=f"run_id = '{run.run_id}'")
 
 
-def load_run(lake: str, run_id: str) -> RunRecord | None:
+def load_run(lake: str | Location, run_id: str) -> RunRecord | None:
     if not table_exists(lake, REPLAY_RUNS_TABLE):
         return None
     rows = scan_arrow(lake, REPLAY_RUNS_TABLE, filter=ds.field("run_id") == run_id).to_pylist()
     return RunRecord.from_row(rows[-1]) if rows else None
 
 
-def sent_dlq_replays(lake: str | os.PathLike) -> pa.Table:
+def sent_dlq_replays(lake: str | os.PathLike | Location) -> pa.Table:
     """(broker_name, dlq_commitlog_offset, run_id, recorded_at) of every %DLQ% source record whose
     current status is SENT in some run: the DLQ report marks those DLQ messages replayed."""
     empty = pa.table({"broker_name": pa.array([], pa.string()), "dlq_commitlog_offset": pa.array([], pa.int64()),
                       "run_id": pa.array([], pa.string()),
                       "recorded_at": pa.array([], REPLAY_LEDGER_SCHEMA.field("recorded_at").type)})
-    lake = os.fspath(lake)
     if not table_exists(lake, REPLAY_LEDGER_TABLE):
         return empty
     events = scan_arrow(lake, REPLAY_LEDGER_TABLE, columns=[

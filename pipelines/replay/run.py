@@ -23,17 +23,22 @@ import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
+from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from broker.remoting.bodies import MessageQueue
-from pipelines.lake import read_table, table_exists
+from pipelines.lake import open_table, read_table, table_exists, table_location, table_path
 from pipelines.replay import ledger
 from pipelines.replay.lineage import replay_key, validate_run_id
 from pipelines.replay.selection import Selection, SelectionError, explain_empty, messages_frame, plan_frame
 from pipelines.replay.sender import ANY_QUEUE, TaskResult, TaskSender, TaskSpec
 from pipelines.replay.target import Target, TargetError, check_topic_allowed, now_ms, queue_list
+from pipelines.storage import Location
+from schemas.messages import MESSAGES_TABLE
 from schemas.replay import (
     FAILED,
     PLANNED,
@@ -61,7 +66,7 @@ class ReplayError(ValueError):
 
 @dataclass
 class ReplayOptions:
-    lake: str
+    lake: str | Location            # a directory, a URI, or a Location with its storage options
     namesrv: str
     selection: Selection | None
     target_topic: str | None = None
@@ -196,7 +201,7 @@ def format_plan(run_id: str, plan: pa.Table, events: pa.Table, opts: ReplayOptio
 
 
 # ---- task assignment ------------------------------------------------------------------------------------
-def _source_queue_counts(spark, lake: str, pending: pa.Table) -> dict[tuple[str, str], int]:
+def _source_queue_counts(spark, lake: str | Location, pending: pa.Table) -> dict[tuple[str, str], int]:
     """Queues of each source (broker, topic): from the consume_queue table, else the selection."""
     counts: dict[tuple[str, str], int] = {}
     pairs = {(b, t) for b, t in zip(pending["broker_name"].to_pylist(), pending["source_topic"].to_pylist())}
@@ -275,21 +280,44 @@ def execute(spark, slices: list[tuple[TaskSpec, pa.Table]], queues: dict[str, li
     return [TaskResult(**r) for r in results]
 
 
-def locate(spark, lake: str, pending: pa.Table) -> pa.Table:
-    """``pending`` with ``_file``: the data file of ``messages`` that holds each row now (files can
-    change between runs, e.g. after compaction), in (broker, commitlog offset) order."""
-    from pyspark.sql import functions as F
+def locate(lake: str | Location, pending: pa.Table) -> pa.Table:
+    """``pending`` with ``_file``: the URI (or local path) of the data file of ``messages`` that holds
+    each row now (files can change between runs, e.g. after compaction), in (broker, commitlog
+    offset) order.
 
-    keys = pending.select(["broker_name", "commitlog_offset"])
-    brokers = sorted(set(keys["broker_name"].to_pylist()))
-    dates = sorted(set(pending["store_date"].to_pylist()))
-    lo, hi = pc.min(keys["commitlog_offset"]).as_py(), pc.max(keys["commitlog_offset"]).as_py()
-    files = (messages_frame(spark, lake)
-             .where(F.col("broker_name").isin(brokers) & F.col("store_date").isin(dates)
-                    & F.col("commitlog_offset").between(lo, hi))
-             .select("broker_name", "commitlog_offset", F.input_file_name().alias("_file"))
-             .join(F.broadcast(spark.createDataFrame(keys)), ["broker_name", "commitlog_offset"]))
-    found = files.toArrow()
+    Found from the Delta log (each file's broker partition and commitlog_offset range) and, for the
+    files whose range admits a wanted offset, their ``commitlog_offset`` column, read by the driver:
+    the same for a local lake and one behind a URI (a table read through a Python data source has
+    no input file names to ask Spark for)."""
+    table = open_table(lake, MESSAGES_TABLE)
+    if table is None:
+        raise ReplayError(f"{table_path(lake, MESSAGES_TABLE)} is not a Delta table")
+    root = table_location(lake, MESSAGES_TABLE)
+    wanted = {b: np.unique(pc.filter(pending["commitlog_offset"], pc.equal(pending["broker_name"], b)).to_numpy())
+              for b in set(pending["broker_name"].to_pylist())}
+    parts: list[pa.Table] = []
+    for add in pa.table(table.get_add_actions(flatten=True)).to_pylist():
+        offsets = wanted.get(add.get("partition.broker_name"))
+        if offsets is None:
+            continue
+        lo, hi = add.get("min.commitlog_offset"), add.get("max.commitlog_offset")
+        if lo is not None and hi is not None:
+            offsets = offsets[(offsets >= lo) & (offsets <= hi)]
+        if not len(offsets):
+            continue
+        data_file = root.child(*unquote(add["path"]).split("/"))
+        filesystem, path = data_file.filesystem()
+        held = pq.read_table(path, filesystem=filesystem, columns=["commitlog_offset"],
+                             filters=[("commitlog_offset", "in", offsets.tolist())])["commitlog_offset"]
+        parts.append(pa.table({"broker_name": pa.array([add["partition.broker_name"]] * len(held), pa.string()),
+                               "commitlog_offset": held.cast(pa.int64()),
+                               "_file": pa.array([data_file.uri] * len(held), pa.string())}))
+    found = (pa.concat_tables(parts) if parts else
+             pa.table({"broker_name": pa.array([], pa.string()), "commitlog_offset": pa.array([], pa.int64()),
+                       "_file": pa.array([], pa.string())}))
+    # a row in two current files (never written so, but harmless): either file has its body
+    found = found.group_by(["broker_name", "commitlog_offset"]).aggregate([("_file", "min")]).rename_columns(
+        ["broker_name", "commitlog_offset", "_file"])
     out = pending.join(found, ["broker_name", "commitlog_offset"], join_type="left outer")
     missing = out.filter(pc.is_null(out["_file"]))
     if missing.num_rows:
@@ -303,7 +331,7 @@ def locate(spark, lake: str, pending: pa.Table) -> pa.Table:
 class Replay:
     def __init__(self, spark, opts: ReplayOptions, out: Callable[[str], None] = print) -> None:
         self.spark, self.opts, self.out = spark, opts, out
-        self.lake = os.fspath(opts.lake)
+        self.lake = opts.lake
 
     def run(self) -> ReplayOutcome:
         opts = self.opts
@@ -449,7 +477,7 @@ class Replay:
         pending = ledger.with_status(state, PLANNED, FAILED)
         results: list[TaskResult] = []
         if pending.num_rows:
-            pending = locate(self.spark, self.lake, pending)
+            pending = locate(self.lake, pending)
             if options.get("keep_order"):
                 counts = _source_queue_counts(self.spark, self.lake, pending)
                 qidx = [target_queue_index(b, t, q, counts[(b, t)], len(queues[to]))

@@ -26,8 +26,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from broker.store.topics import dlq_topic
-from pipelines.lake import read_table, table_exists, table_path
+from pipelines.lake import open_table, read_table, table_exists, table_path
 from pipelines.reports.dlq import original_topic
+from pipelines.storage import Location
 from schemas.messages import MESSAGES_TABLE
 
 
@@ -97,7 +98,7 @@ def _date(ms: int):
     return datetime.fromtimestamp(ms / 1000, timezone.utc).date()
 
 
-def messages_frame(spark, lake: str) -> DataFrame:
+def messages_frame(spark, lake: str | Location) -> DataFrame:
     if not table_exists(lake, MESSAGES_TABLE):
         raise SelectionError(f"{table_path(lake, MESSAGES_TABLE)} is not a Delta table: ingest the stores first "
                              "(rocketlake ingest --store NAME=PATH --lake LAKE)")
@@ -155,12 +156,12 @@ def plan_frame(messages: DataFrame, sel: Selection, max_messages: int | None) ->
     return out.limit(max_messages) if max_messages is not None else out
 
 
-def explain_empty(spark, lake: str, messages: DataFrame, sel: Selection) -> str:
+def explain_empty(spark, lake: str | Location, messages: DataFrame, sel: Selection) -> str:
     """Why a selection matched nothing, naming the part that is wrong."""
-    from deltalake import DeltaTable
     import pyarrow as pa
 
-    actions = pa.table(DeltaTable(table_path(lake, MESSAGES_TABLE)).get_add_actions(flatten=True))
+    table = open_table(lake, MESSAGES_TABLE)
+    actions = pa.table(table.get_add_actions(flatten=True)) if table is not None else pa.table({})
     brokers = sorted(set(actions["partition.broker_name"].to_pylist())) if actions.num_rows else []
     if sel.broker is not None and sel.broker not in brokers:
         return f"unknown broker {sel.broker!r}: the lake has {', '.join(brokers) or 'no brokers'}"

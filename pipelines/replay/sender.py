@@ -36,6 +36,7 @@ from broker.remoting.codes import ResponseCode
 from broker.remoting.transport import RemotingConnectError
 from pipelines.replay.ledger import LedgerWriter, next_events
 from pipelines.replay.lineage import Origin, replay_message
+from pipelines.storage import Location, as_location
 from schemas.replay import FAILED, SENT, UNKNOWN
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class TaskSpec:
     run_id: str
     run_attempt: int
     task: int
-    lake: str
+    lake: str | Location        # a Location pickles with its storage options: executors need no environment
     namesrv: str
     producer_group: str
     rate: float | None           # this task's share of --rate (messages/s), None = unthrottled
@@ -127,10 +128,13 @@ class _Item:
     outcome: _Outcome = field(default_factory=_Outcome)
 
 
-def read_bodies(file_uri: str, offsets: pa.Array) -> pa.Table:
-    """The payload columns of the rows at ``offsets`` in one data file of ``messages``, sorted by offset."""
-    path = file_uri.removeprefix("file://")
-    t = pq.read_table(path, columns=BODY_COLUMNS, filters=[("commitlog_offset", "in", offsets.to_pylist())])
+def read_bodies(file_uri: str, offsets: pa.Array, lake: str | Location | None = None) -> pa.Table:
+    """The payload columns of the rows at ``offsets`` in one data file of ``messages`` (a local path
+    or a URI, reached with the storage options of ``lake``), sorted by offset."""
+    options = as_location(lake).option_map if lake is not None else None
+    filesystem, path = Location.parse(file_uri, options).filesystem()
+    t = pq.read_table(path, filesystem=filesystem, columns=BODY_COLUMNS,
+                      filters=[("commitlog_offset", "in", offsets.to_pylist())])
     return t.sort_by("commitlog_offset")
 
 
@@ -173,7 +177,7 @@ class TaskSender:
             while end < rows.num_rows and files[end] == files[start]:
                 end += 1
             group = rows.slice(start, end - start)
-            bodies = read_bodies(files[start], group["commitlog_offset"].combine_chunks())
+            bodies = read_bodies(files[start], group["commitlog_offset"].combine_chunks(), self.spec.lake)
             for b in range(0, group.num_rows, self.spec.batch):
                 yield group.slice(b, self.spec.batch).combine_chunks(), bodies
             start = end

@@ -91,8 +91,15 @@ from broker.store.topics import (
     WRAPPER_TOPICS,
 )
 from pipelines.job_args import StoreSpec
+from pipelines.storage import Location
+from pipelines.store_files import StoreFiles
 from schemas.messages import MESSAGES_SCHEMA, MESSAGES_TABLE
 from schemas.reports import (
+    AUDIT_KINDS,
+    CQ_OFFSET_REPEAT,
+    CQ_PHY_NOT_INCREASING,
+    DUPLICATE_UNIQ_KEY,
+    INDEX_MISSING_KEY,
     AUDIT_FINDINGS_SCHEMA,
     AUDIT_FINDINGS_TABLE,
     TOPIC_DAILY_STATS_SCHEMA,
@@ -116,23 +123,7 @@ CQ_DANGLING = fk.CQ_DANGLING
 CQ_MISMATCH = fk.CQ_MISMATCH
 CQ_MISSING = fk.CQ_MISSING
 CQ_OFFSET_GAP = fk.CQ_OFFSET_GAP
-CQ_OFFSET_REPEAT = "cq_offset_repeat"
-CQ_PHY_NOT_INCREASING = "cq_phy_not_increasing"
-INDEX_MISSING_KEY = "index_missing_key"
-DUPLICATE_UNIQ_KEY = "duplicate_uniq_key"
-
-KINDS: tuple[str, ...] = (
-    CRC_MISMATCH,
-    CORRUPT_REGION,
-    CQ_DANGLING,
-    CQ_MISMATCH,
-    CQ_MISSING,
-    CQ_OFFSET_GAP,
-    CQ_OFFSET_REPEAT,
-    CQ_PHY_NOT_INCREASING,
-    INDEX_MISSING_KEY,
-    DUPLICATE_UNIQ_KEY,
-)
+KINDS = AUDIT_KINDS  # declared with the audit_findings table (schemas.reports)
 
 DISPATCHED_TRANSACTION_TYPES = ("NOT", "COMMIT")  # what the CQ dispatcher queues
 NOT_INDEXED_TRANSACTION_TYPE = "ROLLBACK"          # what IndexService.buildIndex skips
@@ -170,18 +161,27 @@ def _most_common(values: list[int], default: int) -> int:
 
 
 def read_layout(spec: StoreSpec) -> StoreLayout:
-    """The layout of a local store (a remote one gets Apache's defaults: listing a bucket per
-    queue is not worth it for naming a byte position)."""
-    if "://" in spec.path:
-        log.warning("audit %s: remote store %s: CQ file sizes and index geometry are Apache's defaults",
-                    spec.name, spec.path)
-        return StoreLayout(spec.name, spec.path.rstrip("/"))
+    """The layout of a store, local or behind a URI. Only listings are read (file names and
+    sizes), never file contents: a remote store costs one recursive listing of ``consumequeue/``
+    and one of ``index/``. ``root`` is the store's absolute path or URI, as the ingest names files
+    (:meth:`pipelines.store_files.StoreFiles.label`)."""
+    location = spec.location
+    if location.is_local:
+        return _read_local_layout(spec.name, location.uri)
+    from broker.store.index_file import infer_index_geometry
+
+    files = StoreFiles(location)
+    files.commitlog_segments()  # a URI without a store is an error, not a store without findings
+    sizes = {key: files.queue_file_size(qfiles) for key, qfiles in files.queue_files().items()}
+    slots = {f.name: geometry[0] for f in files.index_files() if (geometry := infer_index_geometry(f.size))}
+    return _layout(spec.name, location.uri, sizes, slots)
+
+
+def _read_local_layout(name: str, root: str) -> StoreLayout:
     from broker.store.consume_queue import ConsumeQueue, list_queues
     from broker.store.index_file import infer_index_geometry, parse_index_file_name
 
-    root = str(Path(spec.path))
     sizes = {(t, q): ConsumeQueue(root, t, q).file_size for t, q in list_queues(root)}  # listings only
-    usual = _most_common(list(sizes.values()), DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE)
     slots: dict[str, int] = {}
     index_dir = Path(root) / INDEX_DIR
     if index_dir.is_dir():
@@ -190,7 +190,13 @@ def read_layout(spec: StoreSpec) -> StoreLayout:
                 geometry = infer_index_geometry(p.stat().st_size)
                 if geometry:
                     slots[p.name] = geometry[0]
-    return StoreLayout(spec.name, root, usual, {k: s for k, s in sizes.items() if s != usual}, slots,
+    return _layout(name, root, sizes, slots)
+
+
+def _layout(name: str, root: str, sizes: dict[tuple[str, int], int], slots: dict[str, int]) -> StoreLayout:
+    """The layout from per-queue CQ file sizes and per-index-file slot counts (most common = usual)."""
+    usual = _most_common(list(sizes.values()), DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE)
+    return StoreLayout(name, root, usual, {k: s for k, s in sizes.items() if s != usual}, slots,
                        _most_common(list(slots.values()), DEFAULT_MAX_HASH_SLOT_NUM))
 
 
@@ -605,17 +611,16 @@ class AuditResult:
                 f"run {self.run_id} in {self.seconds:.1f} s")
 
 
-def _table_or_empty(spark, lake: str, name: str, schema: pa.Schema):
+def _table_or_empty(spark, lake: str | os.PathLike | Location, name: str, schema: pa.Schema):
     """The table, or an empty frame of its schema when it does not exist or holds no rows (built
     in the JVM: an empty ``createDataFrame`` would start a Python worker for nothing)."""
-    from deltalake import DeltaTable
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from pipelines.lake import read_table, table_path
+    from pipelines.lake import open_table, read_table
 
-    path = table_path(lake, name)
-    if DeltaTable.is_deltatable(path) and DeltaTable(path).file_uris():
+    table = open_table(lake, name)
+    if table is not None and table.file_uris():
         return read_table(spark, lake, name)
     log.info("audit: %s in %s is missing or empty", name, lake)
     return spark.range(0).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in from_arrow_schema(schema)])
@@ -633,13 +638,14 @@ def _to_arrow(df, schema: pa.Schema, sort_keys: list[str]) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema).sort_by([(k, "ascending") for k in sort_keys])
 
 
-def run_audit(spark, stores: list[StoreSpec], lake: str | os.PathLike, *, ingest_first: bool = True) -> AuditResult:
+def run_audit(spark, stores: list[StoreSpec], lake: str | os.PathLike | Location, *,
+              ingest_first: bool = True) -> AuditResult:
     """Bring the lake up to date (unless ``ingest_first`` is False), audit the given brokers and
-    replace their rows in ``audit_findings`` and ``topic_daily_stats`` (one commit per table)."""
+    replace their rows in ``audit_findings`` and ``topic_daily_stats`` (one commit per table).
+    Stores and lake may be local directories or URIs (a :class:`Location` carries its options)."""
     from pipelines.lake import replace_arrow, sql_string_list
 
     started = time.monotonic()
-    lake = os.fspath(lake)
     if ingest_first:
         from pipelines.ingest import ingest
 

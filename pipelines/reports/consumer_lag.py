@@ -27,6 +27,11 @@ read yet, e.g. a unit whose record a live broker is still writing: logged, never
 
 The snapshot is small (one row per queue and group) and computed by the driver; rows come back in
 ``(broker, group, topic, queue)`` order so two snapshots of the same store compare row by row.
+
+A store behind a URI (``s3://bucket/store``, with its storage options in a :class:`Location`) gives
+the same rows, read through :class:`pipelines.store_files.StoreFiles`: listings, the consume queues
+some group reads (each file one request), commitlog headers by ranged reads; only the small config
+files are copied to a temporary directory, so that one parser (with its ``.bak`` fallback) reads them.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,11 +47,14 @@ from typing import BinaryIO, Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 
 from broker.store.commitlog import CommitLog
 from broker.store.config_files import StoreConfig, SubscriptionGroupConfig, load_store_config
 from broker.store.constants import (
     BORNHOST_V6_FLAG,
+    COMMITLOG_DIR,
+    CONFIG_DIR,
     IPV4_HOST_SIZE,
     IPV6_HOST_SIZE,
     MESSAGE_MAGIC_CODES,
@@ -56,12 +65,18 @@ from broker.store.constants import (
 )
 from broker.store.consume_queue import ConsumeQueue, list_queues
 from broker.store.topics import RETRY_GROUP_TOPIC_PREFIX
-from schemas.reports import CONSUMER_LAG_SCHEMA, CONSUMER_LAG_TABLE
+from pipelines.store_files import StoreFile, StoreFiles
+from pipelines.storage import Location, as_location
+from schemas.reports import (
+    CONSUMER_LAG,
+    CONSUMER_LAG_SCHEMA,
+    CONSUMER_LAG_TABLE,
+    OFFSET_SOURCE_FILE,
+    OFFSET_SOURCE_NONE,
+)
 
 log = logging.getLogger(__name__)
 
-OFFSET_SOURCE_FILE = "consumerOffset.json"
-OFFSET_SOURCE_NONE = "none"
 SUBSCRIPTION_DATA_SET = "subscriptionDataSet"  # Apache 5.x SubscriptionGroupConfig field
 
 
@@ -90,29 +105,53 @@ class StoreTimestampReader:
     3.2). A record is trusted only when its TOTALSIZE equals the consume-queue unit's size, its
     magic is a message magic and its PHYSICALOFFSET field names its own position; anything else
     (a file not listed when the reader opened, bytes a live broker has not written yet) gives None.
+
+    A local store's segments are opened once and kept open; a remote store's headers are ranged
+    reads through ``files`` (never a whole segment).
     """
 
-    def __init__(self, store_dir: str | os.PathLike) -> None:
-        self.commitlog = CommitLog.open(store_dir)
+    def __init__(self, store_dir: str | os.PathLike | Location, files: StoreFiles | None = None) -> None:
+        location = as_location(store_dir)
+        self._remote: StoreFiles | None = None
+        if location.is_local:
+            commitlog = CommitLog.open(location.uri)
+            self._directory = commitlog.directory
+            self._segments = [StoreFile(s.name, s.base, s.size) for s in commitlog.segments]
+            self._segment_size = commitlog.segment_size
+        else:
+            self._remote = files if files is not None else StoreFiles(location)
+            self._segments = self._remote.commitlog_segments()
+            self._segment_size = self._remote.segment_size()
         self._files: dict[int, BinaryIO] = {}
         self.unreadable = 0
 
     @property
     def min_offset(self) -> int:
-        return self.commitlog.min_offset
+        return self._segments[0].base if self._segments else 0
 
-    def store_timestamp(self, physical_offset: int, size: int) -> int | None:
-        seg = self.commitlog.segment_for(physical_offset)
-        if seg is None:
-            return self._miss(physical_offset, "no commitlog file holds it")
+    def _segment_for(self, offset: int) -> StoreFile | None:
+        for seg in self._segments:
+            if seg.base <= offset < seg.base + self._segment_size:
+                return seg
+        return None
+
+    def _read(self, seg: StoreFile, position: int, length: int) -> bytes:
+        if self._remote is not None:
+            return self._remote.file(COMMITLOG_DIR, seg.name).read_range(position, length)
         fh = self._files.get(seg.base)
         if fh is None:
-            try:
-                fh = self._files[seg.base] = open(seg.path, "rb")
-            except OSError as exc:
-                return self._miss(physical_offset, str(exc))
-        fh.seek(physical_offset - seg.base)
-        data = fh.read(_HEADER_BYTES)
+            fh = self._files[seg.base] = open(self._directory / seg.name, "rb")
+        fh.seek(position)
+        return fh.read(length)
+
+    def store_timestamp(self, physical_offset: int, size: int) -> int | None:
+        seg = self._segment_for(physical_offset)
+        if seg is None:
+            return self._miss(physical_offset, "no commitlog file holds it")
+        try:
+            data = self._read(seg, physical_offset - seg.base, _HEADER_BYTES)
+        except OSError as exc:
+            return self._miss(physical_offset, str(exc))
         if len(data) < POS_BORN_HOST + IPV4_HOST_SIZE + 8:
             return self._miss(physical_offset, "past the end of its file")
         total_size, magic = _HEADER.unpack_from(data, 0)
@@ -200,15 +239,24 @@ class _QueueState:
 
 
 class _StoreQueues:
-    """Consume queues of one store, opened lazily and shared by the groups that read them."""
+    """Consume queues of one store, opened lazily and shared by the groups that read them (a remote
+    store's queue files are read when a group first needs the queue, each with one request)."""
 
-    def __init__(self, store_dir: str | os.PathLike, reader: StoreTimestampReader) -> None:
-        self.store_dir = Path(store_dir)
+    def __init__(self, files: StoreFiles, reader: StoreTimestampReader) -> None:
+        self.files = files
         self.reader = reader
+        self._remote_files = None if files.location.is_local else files.queue_files()
+        queues = list_queues(files.location.uri) if self._remote_files is None else list(self._remote_files)
         self.on_disk: dict[str, set[int]] = {}
-        for topic, qid in list_queues(store_dir):
+        for topic, qid in queues:
             self.on_disk.setdefault(topic, set()).add(qid)
         self._states: dict[tuple[str, int], _QueueState | None] = {}
+
+    def _open(self, topic: str, queue_id: int) -> ConsumeQueue:
+        if self._remote_files is None:
+            return ConsumeQueue(self.files.location.uri, topic, queue_id, commitlog_min_offset=self.reader.min_offset)
+        return self.files.consume_queue(topic, queue_id, self._remote_files[(topic, queue_id)],
+                                        commitlog_min_offset=self.reader.min_offset)
 
     def state(self, topic: str, queue_id: int) -> _QueueState | None:
         """Offsets of a queue (0/0 when it has no directory yet); None for a queue whose files
@@ -218,7 +266,7 @@ class _StoreQueues:
             found: _QueueState | None = _QueueState(0, 0, None)
             if queue_id in self.on_disk.get(topic, ()):
                 try:
-                    cq = ConsumeQueue(self.store_dir, topic, queue_id, commitlog_min_offset=self.reader.min_offset)
+                    cq = self._open(topic, queue_id)
                     found = _QueueState(cq.min_offset, cq.max_offset, cq)
                 except (OSError, ValueError) as exc:
                     log.error("consume queue %s/%d unreadable (%s): no lag rows for it", topic, queue_id, exc)
@@ -273,14 +321,34 @@ def snapshot_id_for(snapshot_ts: datetime) -> str:
     return "lag-" + snapshot_ts.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
-def snapshot_store(broker_name: str, store_dir: str | os.PathLike, snapshot_ts: datetime,
+def _load_config(files: StoreFiles) -> StoreConfig:
+    """The store's config tables. A remote store's ``config/`` files (a few KB) are copied to a
+    temporary directory first, so that :func:`load_store_config` reads them by its own rules
+    (``.bak`` fallback included)."""
+    if files.location.is_local:
+        return load_store_config(files.location.uri)
+    with tempfile.TemporaryDirectory(prefix="rocketlake-config-") as tmp:
+        for info in files.file(CONFIG_DIR).list():
+            if info.type == pafs.FileType.File:
+                data = files.read_file(CONFIG_DIR, info.base_name)
+                if data is not None:
+                    Path(tmp, CONFIG_DIR).mkdir(exist_ok=True)
+                    Path(tmp, CONFIG_DIR, info.base_name).write_bytes(data)
+        return load_store_config(tmp)
+
+
+def snapshot_store(broker_name: str, store_dir: str | os.PathLike | Location, snapshot_ts: datetime,
                    snapshot_id: str | None = None) -> pa.Table:
-    """Lag rows of every consuming group of one store, in :data:`CONSUMER_LAG_SCHEMA`."""
+    """Lag rows of every consuming group of one store (a local directory or a :class:`Location`
+    / URI), in :data:`CONSUMER_LAG_SCHEMA`. A remote store that lists no commitlog raises
+    :class:`pipelines.storage.StorageError`."""
     snapshot_id = snapshot_id or snapshot_id_for(snapshot_ts)
-    config = load_store_config(store_dir)
     columns: dict[str, list] = {name: [] for name in CONSUMER_LAG_SCHEMA.names}
-    with StoreTimestampReader(store_dir) as reader:
-        queues = _StoreQueues(store_dir, reader)
+    files = StoreFiles(store_dir)
+    reader = StoreTimestampReader(files.location, files)
+    config = _load_config(files)
+    with reader:
+        queues = _StoreQueues(files, reader)
         for group, topics in group_topics(config, queues.on_disk).items():
             for topic in topics:
                 committed = config.consumer_offsets.offsets_for(group, topic)
@@ -289,11 +357,13 @@ def snapshot_store(broker_name: str, store_dir: str | os.PathLike, snapshot_ts: 
                 if topic_config is not None:
                     queue_ids |= set(range(topic_config.read_queue_nums))
                 if not queue_ids:
-                    log.info("group %s, topic %s: the topic has no queues on broker %s", group, topic, broker_name)
+                    log.info("group %s, topic %s: the topic has no queues on broker %s", group, topic,
+                             broker_name)
                 for qid in sorted(queue_ids):
                     offset = committed.get(qid)
                     if offset is not None and offset < 0:
-                        log.warning("group %s %s/%d: committed offset %d < 0 treated as none", group, topic, qid, offset)
+                        log.warning("group %s %s/%d: committed offset %d < 0 treated as none", group, topic,
+                                    qid, offset)
                         offset = None
                     state = queues.state(topic, qid)
                     if state is None:
@@ -302,7 +372,8 @@ def snapshot_store(broker_name: str, store_dir: str | os.PathLike, snapshot_ts: 
                                     lambda logical, s=state: queues.store_timestamp(s, logical))
                     _append_row(columns, snapshot_ts, snapshot_id, broker_name, group, topic, qid, lag)
         if reader.unreadable:
-            log.warning("broker %s: %d store timestamp(s) unreadable (live store?)", broker_name, reader.unreadable)
+            log.warning("broker %s: %d store timestamp(s) unreadable (live store?)", broker_name,
+                        reader.unreadable)
     return pa.table(columns, schema=CONSUMER_LAG_SCHEMA)
 
 
@@ -321,9 +392,9 @@ def _append_row(columns: dict[str, list], snapshot_ts: datetime, snapshot_id: st
         columns[name].append(value)
 
 
-def snapshot_stores(stores: Iterable[tuple[str, str]], snapshot_ts: datetime,
+def snapshot_stores(stores: Iterable[tuple[str, str | os.PathLike | Location]], snapshot_ts: datetime,
                     snapshot_id: str | None = None) -> pa.Table:
-    """One snapshot over several stores ``(broker_name, path)``: one ``snapshot_ts`` for all."""
+    """One snapshot over several stores ``(broker_name, path or Location)``: one ``snapshot_ts`` for all."""
     snapshot_id = snapshot_id or snapshot_id_for(snapshot_ts)
     tables = [snapshot_store(name, path, snapshot_ts, snapshot_id) for name, path in stores]
     if not tables:
@@ -336,7 +407,7 @@ def snapshot_stores(stores: Iterable[tuple[str, str]], snapshot_ts: datetime,
 # =====================================================================================================
 # The Delta table
 # =====================================================================================================
-def recorded_brokers(lake: str | os.PathLike, snapshot_ts: datetime, brokers: Iterable[str]) -> set[str]:
+def recorded_brokers(lake: str | os.PathLike | Location, snapshot_ts: datetime, brokers: Iterable[str]) -> set[str]:
     """Brokers that already have rows at exactly ``snapshot_ts`` (a rerun of the same snapshot)."""
     from pipelines.lake import scan_arrow, table_exists
 
@@ -349,7 +420,7 @@ def recorded_brokers(lake: str | os.PathLike, snapshot_ts: datetime, brokers: It
     return set(found.column("broker_name").to_pylist())
 
 
-def append_snapshot(lake: str | os.PathLike, snapshot: pa.Table) -> list[str]:
+def append_snapshot(lake: str | os.PathLike | Location, snapshot: pa.Table) -> list[str]:
     """Append the snapshot to ``consumer_lag`` (one small delta-rs commit, partitioned by broker),
     leaving out brokers whose rows for this ``snapshot_ts`` are already there. Returns the brokers
     written. Idempotent per (broker, snapshot_ts), so a retried run does not double-count lag."""
@@ -368,5 +439,5 @@ def append_snapshot(lake: str | os.PathLike, snapshot: pa.Table) -> list[str]:
     if not keep:
         return []
     rows = snapshot.filter(pc.field("broker_name").isin(keep)).cast(CONSUMER_LAG_SCHEMA)
-    append_arrow(lake, CONSUMER_LAG_TABLE, rows, partition_by=["broker_name"])
+    append_arrow(lake, CONSUMER_LAG_TABLE, rows, partition_by=CONSUMER_LAG.partition_by)
     return keep

@@ -72,8 +72,11 @@ from broker.store.constants import (
 )
 from broker.store.topics import RETRY_GROUP_TOPIC_PREFIX, SCHEDULE_TOPIC
 from pipelines.lake import WriteResult, read_table, replace_arrow, sql_string_list, table_exists
+from pipelines.storage import Location
 from schemas.messages import MESSAGES_TABLE
 from schemas.reports import (
+    DLQ_MESSAGES,
+    DLQ_SUMMARY,
     DLQ_MESSAGES_SCHEMA,
     DLQ_MESSAGES_TABLE,
     DLQ_SUMMARY_SCHEMA,
@@ -86,8 +89,8 @@ TOP_N = 5
 SUMMARY_GROUP = ["store_date", "broker_name", "consumer_group", "original_topic"]
 # dlq_messages is partitioned as schemas.reports declares (store_date): day-pruned reads ("what
 # died yesterday") are the common query; the replace predicate is per broker either way.
-DLQ_MESSAGES_PARTITION_BY = ["store_date"]
-DLQ_SUMMARY_PARTITION_BY: list[str] = []  # a few rows per day and group: one file is best
+DLQ_MESSAGES_PARTITION_BY = list(DLQ_MESSAGES.partition_by)
+DLQ_SUMMARY_PARTITION_BY = list(DLQ_SUMMARY.partition_by)  # none: a few rows per day and group
 
 
 def _prop(name: str) -> Column:
@@ -333,19 +336,19 @@ def compute_dlq_tables(messages: DataFrame, *, replayed: pa.Table | None = None)
     return rows, dlq_summary(rows, replayed)
 
 
-def run_dlq_report(spark, lake: str | os.PathLike, brokers: list[str], *,
+def run_dlq_report(spark, lake: str | os.PathLike | Location, brokers: list[str], *,
                    replayed: pa.Table | None = None) -> DlqReport:
     """Recompute ``dlq_messages``/``dlq_summary`` for ``brokers`` from the lake's ``messages`` table
     and replace those brokers' rows, one commit per table (no ``messages`` table yet: no rows, so
     stale rows of these brokers go away and both tables exist for readers). ``replayed`` defaults
-    to what the lake's ``replay_ledger`` says was sent back."""
+    to what the lake's ``replay_ledger`` says was sent back. ``lake``: a directory, a URI or a
+    :class:`Location` (with its storage options)."""
     from pipelines.replay.ledger import sent_dlq_replays
 
     if replayed is None:
         replayed = sent_dlq_replays(lake)
     if not brokers:
         raise ValueError("no brokers given")
-    lake = os.fspath(lake)
     if table_exists(lake, MESSAGES_TABLE):
         messages = read_table(spark, lake, MESSAGES_TABLE).where(F.col("broker_name").isin(list(brokers)))
         rows, summary = compute_dlq_tables(messages, replayed=replayed)

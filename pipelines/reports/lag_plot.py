@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.storage import Location
 from schemas.reports import CONSUMER_LAG_TABLE
 
 log = logging.getLogger(__name__)
@@ -45,15 +46,16 @@ def lag_series(rows: pa.Table) -> pa.Table:
 SPARK_MIN_ROWS = 2_000_000  # below this many candidate rows a driver-side scan beats starting Spark jobs
 
 
-def candidate_rows(lake: str | os.PathLike, group: str) -> int:
+def candidate_rows(lake: str | os.PathLike | Location, group: str) -> int:
     """Rows of ``consumer_lag`` in files whose ``consumer_group`` statistics admit ``group``, from
     the Delta log alone (no data read). Files without statistics count in full; string statistics
     may be truncated prefixes, so a file is kept when ``group`` could lie between them."""
-    from deltalake import DeltaTable
+    from pipelines.lake import open_table
 
-    from pipelines.lake import table_path
-
-    actions = pa.table(DeltaTable(table_path(lake, CONSUMER_LAG_TABLE)).get_add_actions(flatten=True))
+    table = open_table(lake, CONSUMER_LAG_TABLE)
+    if table is None:
+        return 0
+    actions = pa.table(table.get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return 0
     records = actions.column("num_records").to_pylist()
@@ -67,7 +69,7 @@ def candidate_rows(lake: str | os.PathLike, group: str) -> int:
     return total
 
 
-def load_lag_series(lake: str | os.PathLike, group: str, spark=None, *, spark_min_rows: int = SPARK_MIN_ROWS) -> pa.Table:
+def load_lag_series(lake: str | os.PathLike | Location, group: str, spark=None, *, spark_min_rows: int = SPARK_MIN_ROWS) -> pa.Table:
     """The plotted series of ``group`` from the lake (empty when the table or the group has no rows).
 
     The history grows by one snapshot per run. With a Spark session and at least

@@ -58,15 +58,31 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.reports import CONSUMER_LAG_SCHEMA, CONSUMER_LAG_STATUS_SCHEMA, CONSUMER_LAG_STATUS_TABLE, CONSUMER_LAG_TABLE
+from pipelines.storage import Location
+from schemas.reports import (
+    CONSUMER_LAG_SCHEMA,
+    CONSUMER_LAG_STATUS,
+    CONSUMER_LAG_STATUS_SCHEMA,
+    CONSUMER_LAG_STATUS_TABLE,
+    CONSUMER_LAG_TABLE,
+    LAG_ERR,
+    LAG_OK,
+    LAG_REWIND,
+    LAG_STALL,
+    LAG_STOP,
+    LAG_WARN,
+    LEVEL_GROUP,
+    LEVEL_PARTITION,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 10
 DEFAULT_STOP_AFTER_S = 600.0  # Burrow's default window: 10 commits, one a minute
 
-OK, WARN, STALL, STOP, REWIND, ERR = "OK", "WARN", "STALL", "STOP", "REWIND", "ERR"
-PARTITION, GROUP = "partition", "group"
+# the statuses and levels are declared with the table (schemas.reports); short names here
+OK, WARN, STALL, STOP, REWIND, ERR = LAG_OK, LAG_WARN, LAG_STALL, LAG_STOP, LAG_REWIND, LAG_ERR
+PARTITION, GROUP = LEVEL_PARTITION, LEVEL_GROUP
 ERROR_STATUSES = (STOP, STALL, REWIND)
 ALL_GROUPS = "*"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -116,7 +132,7 @@ def parse_thresholds(values: Iterable[str], kind: type, option: str) -> dict[str
 # =====================================================================================================
 # Reading the window
 # =====================================================================================================
-def load_window(lake: str | os.PathLike, brokers: Iterable[str], window: int = DEFAULT_WINDOW,
+def load_window(lake: str | os.PathLike | Location, brokers: Iterable[str], window: int = DEFAULT_WINDOW,
                 until: datetime | None = None) -> pa.Table:
     """The rows of the last ``window`` snapshots of each broker (at or before ``until``).
 
@@ -405,12 +421,12 @@ def _num(value: float) -> str:
 # =====================================================================================================
 # The Delta table
 # =====================================================================================================
-def append_status(lake: str | os.PathLike, status: pa.Table) -> int:
+def append_status(lake: str | os.PathLike | Location, status: pa.Table) -> int:
     """Append one evaluation to ``consumer_lag_status`` (a small delta-rs commit); rows written."""
     from pipelines.lake import append_arrow
 
     if status.num_rows == 0:
         return 0
     append_arrow(lake, CONSUMER_LAG_STATUS_TABLE, status.cast(CONSUMER_LAG_STATUS_SCHEMA),
-                 partition_by=["broker_name"])
+                 partition_by=CONSUMER_LAG_STATUS.partition_by)
     return status.num_rows
