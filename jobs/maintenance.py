@@ -1,8 +1,11 @@
 """spark-submit entry: compact (OPTIMIZE), checkpoint and VACUUM the lake's Delta tables with delta-rs.
 
-    spark-submit jobs/maintenance.py --lake LAKE_DIR [--tables a,b] [--retention-hours N] [--target-size BYTES]
-        [--no-compact] [--no-vacuum] [--no-checkpoint] [--dry-run]
-    rocketlake maintenance --lake LAKE_DIR ...       # the same, in-process
+    spark-submit jobs/maintenance.py --lake LAKE [--tables a,b] [--retention-hours N] [--target-size BYTES]
+        [--no-compact] [--no-vacuum] [--no-checkpoint] [--dry-run] [--storage-option KEY=VALUE ...]
+    rocketlake maintenance --lake LAKE ...       # the same, in-process
+
+LAKE is a directory or a URI (``s3://bucket/lake``, ``file://…``); a remote lake's storage options
+come from the environment and ``--storage-option`` (delta-rs names, e.g. ``AWS_ENDPOINT_URL``).
 
 Every table of the lake by default (``--tables`` for some). Prints one line per table: active files
 before -> after, rows (from the Delta log), files vacuumed, the checkpoint version. No Spark session
@@ -10,7 +13,8 @@ is started: delta-rs does the work on the driver (see :mod:`pipelines.maintenanc
 does and why the retention never breaks a running reader).
 
 Exit status: 0 when every table was maintained, 1 when one or more failed (the others are still
-done), 2 for bad arguments (e.g. a retention below the safe floor).
+done), 2 for bad arguments (e.g. a retention below the safe floor, a lake that does not exist or
+cannot be reached) — one line on stderr, no traceback.
 """
 
 from __future__ import annotations
@@ -46,9 +50,10 @@ def _bytes(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from pipelines.maintenance import DEFAULT_RETENTION_HOURS, MIN_RETENTION_HOURS
+    from pipelines.sql.cli import add_lake_args
 
     ap = argparse.ArgumentParser(prog="maintenance.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lake", required=True, metavar="LAKE_DIR", help="directory holding the Delta tables")
+    add_lake_args(ap, required=True)
     ap.add_argument("--tables", type=_tables, default=None, metavar="A,B",
                     help="maintain only these tables (default: every table in the lake)")
     ap.add_argument("--retention-hours", type=_hours, default=float(DEFAULT_RETENTION_HOURS), metavar="N",
@@ -68,16 +73,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     from pipelines.job_args import configure_job_logging
-    from pipelines.maintenance import list_tables, maintain_lake
+    from pipelines.maintenance import maintain_lake
+    from pipelines.sql.cli import lake_location
+    from pipelines.sql.views import find_tables
 
     configure_job_logging()
-    if not Path(args.lake).is_dir():
-        ap.error(f"--lake {args.lake!r} is not a directory")
-    tables = args.tables if args.tables is not None else list_tables(args.lake)
+    try:
+        lake = lake_location(args)
+        found = find_tables(lake)  # a missing or unreachable lake is a bad --lake: exit 2
+    except ValueError as exc:
+        ap.error(str(exc))
+    tables = args.tables if args.tables is not None else list(found)
     if not tables:
-        print(f"maintenance: no Delta tables in {args.lake}", flush=True)
+        print(f"maintenance: no Delta tables in {lake}", flush=True)
         return 0
-    results = maintain_lake(args.lake, tables, retention_hours=args.retention_hours, compact=not args.no_compact,
+    results = maintain_lake(lake, tables, retention_hours=args.retention_hours, compact=not args.no_compact,
                             vacuum=not args.no_vacuum, checkpoint=not args.no_checkpoint,
                             target_size=args.target_size, dry_run=args.dry_run)
     for r in results:

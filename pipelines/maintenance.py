@@ -26,6 +26,11 @@ read it. So files stay ``retention_hours`` after the log removed them: the defau
 every Spark task an ``execution_timeout`` below it), and a table that asks for more through its
 ``delta.deletedFileRetentionDuration`` gets what it asks for.
 
+Remote lakes: ``lake_dir`` may be a URI (``s3://bucket/lake``) or a
+:class:`pipelines.storage.Location` with storage options; every step is delta-rs talking to the
+object store with those options (compaction reads and writes Parquet there, VACUUM deletes objects
+there), and the table discovery lists through ``pyarrow.fs`` (:func:`pipelines.sql.views.find_tables`).
+
 Concurrent writers: compaction only swaps files it read, so appends (ingest, lag snapshots) that
 commit meanwhile do not conflict with it. A report replacing rows in the same files at the same
 moment does: whichever commits second fails with a commit conflict and is retried by its scheduler;
@@ -42,11 +47,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from pipelines.storage import Location
+
 log = logging.getLogger(__name__)
 
 DEFAULT_RETENTION_HOURS = 7 * 24   # Delta's default delta.deletedFileRetentionDuration
 MIN_RETENTION_HOURS = 24           # longer than any job runs (the DAGs' execution_timeout stays below)
-DELTA_LOG_DIR = "_delta_log"
 
 _INTERVAL = re.compile(r"^\s*(?:interval\s+)?(\d+(?:\.\d+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
 _UNIT_HOURS = {"second": 1 / 3600, "minute": 1 / 60, "hour": 1.0, "day": 24.0, "week": 168.0}
@@ -92,14 +98,25 @@ class TableMaintenance:
         return f"{self.table}: " + ", ".join(parts) + f", v{self.version_before} -> v{self.version_after} in {self.seconds:.1f} s"
 
 
-def list_tables(lake_dir: str | os.PathLike) -> list[str]:
-    """The Delta tables directly under a local lake directory, sorted (``_quality`` and other
-    ``_``/``.`` directories are not tables)."""
-    root = os.fspath(lake_dir)
-    if not os.path.isdir(root):
+def list_tables(lake_dir: str | os.PathLike | Location) -> list[str]:
+    """The Delta tables directly under a lake (a local directory or a URI), sorted; [] when the lake
+    does not exist (``_quality`` and other ``_``/``.`` directories are not tables). Raises
+    ValueError when the lake's storage cannot be listed."""
+    from pipelines.sql.views import LakeNotFound, find_tables
+
+    try:
+        return list(find_tables(lake_dir))
+    except LakeNotFound:
         return []
-    return sorted(name for name in os.listdir(root)
-                  if not name.startswith(("_", ".")) and os.path.isdir(os.path.join(root, name, DELTA_LOG_DIR)))
+
+
+def _open(lake_dir: str | os.PathLike | Location, name: str):
+    from pipelines.lake import open_table, table_path
+
+    dt = open_table(lake_dir, name)
+    if dt is None:
+        raise ValueError(f"no Delta table at {table_path(lake_dir, name)}")
+    return dt
 
 
 def interval_hours(text: str | None) -> float | None:
@@ -135,7 +152,8 @@ def _file_stats(dt) -> tuple[int, int | None]:
     return files, (None if any(r is None for r in records) else int(sum(records)))
 
 
-def maintain_table(lake_dir: str | os.PathLike, name: str, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
+def maintain_table(lake_dir: str | os.PathLike | Location, name: str, *,
+                   retention_hours: float = DEFAULT_RETENTION_HOURS,
                    compact: bool = True, vacuum: bool = True, checkpoint: bool = True,
                    target_size: int | None = None, dry_run: bool = False,
                    enforce_min_retention: bool = True) -> TableMaintenance:
@@ -145,15 +163,10 @@ def maintain_table(lake_dir: str | os.PathLike, name: str, *, retention_hours: f
     ``enforce_min_retention=False`` lets a test vacuum with a retention below the floor (never
     from the job: files of a running reader's snapshot would go).
     """
-    from deltalake import DeltaTable
-
-    from pipelines.lake import table_path
-
     started = time.monotonic()
     if enforce_min_retention:
         check_retention(retention_hours)
-    path = table_path(lake_dir, name)
-    dt = DeltaTable(path)
+    dt = _open(lake_dir, name)
     result = TableMaintenance(name, dt.version(), dry_run=dry_run)
     result.files_before, result.rows_before = _file_stats(dt)
     asked = interval_hours(dt.metadata().configuration.get("delta.deletedFileRetentionDuration"))
@@ -163,7 +176,7 @@ def maintain_table(lake_dir: str | os.PathLike, name: str, *, retention_hours: f
         metrics = dt.optimize.compact(target_size=target_size)
         result.compacted_removed = int(metrics.get("numFilesRemoved", 0))
         result.compacted_added = int(metrics.get("numFilesAdded", 0))
-        dt = DeltaTable(path)
+        dt = _open(lake_dir, name)
     if checkpoint and not dry_run:
         dt.create_checkpoint()
         dt.cleanup_metadata()
@@ -173,7 +186,7 @@ def maintain_table(lake_dir: str | os.PathLike, name: str, *, retention_hours: f
         # to tables that never set the property); a table's explicit longer retention is kept above
         result.vacuumed = dt.vacuum(retention_hours=math.ceil(result.retention_hours), dry_run=dry_run,
                                     enforce_retention_duration=False)
-        dt = DeltaTable(path)
+        dt = _open(lake_dir, name)
     result.version_after = dt.version()
     result.files_after, result.rows_after = _file_stats(dt)
     result.seconds = time.monotonic() - started
@@ -181,16 +194,19 @@ def maintain_table(lake_dir: str | os.PathLike, name: str, *, retention_hours: f
     return result
 
 
-def maintain_lake(lake_dir: str | os.PathLike, tables: Iterable[str] | None = None, **options) -> list[TableMaintenance]:
+def maintain_lake(lake_dir: str | os.PathLike | Location, tables: Iterable[str] | None = None,
+                  **options) -> list[TableMaintenance]:
     """:func:`maintain_table` for each of ``tables`` (default: every table of the lake). A table that
     fails is reported with its error and the others still run."""
     if options.get("enforce_min_retention", True):
         check_retention(options.get("retention_hours", DEFAULT_RETENTION_HOURS))  # before touching any table
+    from pipelines.sql.views import one_line
+
     results = []
     for name in (list(tables) if tables is not None else list_tables(lake_dir)):
         try:
             results.append(maintain_table(lake_dir, name, **options))
         except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others
             log.exception("maintenance of %s failed", name)
-            results.append(TableMaintenance(name, -1, error=f"{type(exc).__name__}: {exc}"))
+            results.append(TableMaintenance(name, -1, error=f"{type(exc).__name__}: {one_line(exc)}"))
     return results

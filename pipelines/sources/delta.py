@@ -1,7 +1,17 @@
 """Read a Delta table from Spark through delta-rs, without the Delta Spark jar (a Python Data Source).
 
 ``spark.read.format("rocketlake_delta_scan").load(TABLE_DIR)`` — or, better, :func:`load_delta`
-(see "Plans" below). The table directory may also be a ``file://`` URI.
+(see "Plans" below). The table directory may also be a ``file://`` URI or a remote one
+(``s3://bucket/lake/messages``, anything :class:`pipelines.storage.Location` reaches).
+
+Remote tables: the storage options (endpoint, credentials; delta-rs names such as
+``AWS_ENDPOINT_URL``) are source options ``storage.<KEY>`` (see
+:func:`pipelines.storage.source_options`; :func:`load_delta` sets them from a Location). The driver
+opens the log with delta-rs and those options; every input partition carries them, so each
+executor reads its files through its own ``pyarrow.fs`` filesystem (ranged reads of footers and
+column chunks, no download of whole files) and needs no environment or Hadoop configuration of its
+own. Spark's ``spark.redaction.regex`` (``secret``, ``token``, ``access.key``, …) keeps the secret
+ones out of plans and the UI.
 
 What comes from the Delta log (deltalake reads it; this module never parses JSON itself):
 
@@ -46,8 +56,8 @@ instant on the *same* DataFrame/view share the relation object, and the second p
 overwrite the first's between Spark's optimizer and physical planning (milliseconds); Spark fixes
 this upstream by scoping the read to the scan.
 
-Options: ``path``; ``versionAsOf`` (time travel); ``planGuard``; ``pushFilters``;
-``maxPartitionBytes`` (default 128 MiB); ``openCostInBytes`` (default 4 MiB); ``minPartitions``
+Options: ``path``; ``storage.<KEY>`` (storage options); ``versionAsOf`` (time travel); ``planGuard``;
+``pushFilters``; ``maxPartitionBytes`` (default 128 MiB); ``openCostInBytes`` (default 4 MiB); ``minPartitions``
 (default 1; :func:`load_delta` passes Spark's default parallelism).
 """
 
@@ -79,6 +89,7 @@ from pyspark.sql.datasource import (
 )
 
 from pipelines.sources.options import opt_bool, opt_int
+from pipelines.storage import Location, location_from_source_options, source_options
 
 log = logging.getLogger(__name__)
 
@@ -99,23 +110,24 @@ _TS_MAX_SLACK_US = 1000
 
 
 
-def table_location(options) -> str:
-    """The ``path`` option as deltalake accepts it (``file://`` URIs become local paths)."""
+StorageOptions = tuple[tuple[str, str], ...]  # as they travel in partitions (hashable, picklable)
+
+
+def source_location(options) -> Location:
+    """The ``path`` option (a local path, ``file://`` or remote URI) with the ``storage.*`` options."""
     path = options.get("path")
     if not path:
         raise ValueError(f"{FORMAT_NAME}: no table path: use .load(TABLE_DIR) or .option('path', TABLE_DIR)")
-    path = str(path)
-    if path.startswith("file:"):
-        return unquote(urlparse(path).path)
-    return path
+    return location_from_source_options(str(path), options)
 
 
-def _open_table(location: str, version: int | None):
+def _open_table(location: Location, version: int | None):
     from deltalake import DeltaTable
 
-    if not DeltaTable.is_deltatable(location):
+    uri, storage = location.delta_uri(), location.delta_options()
+    if not DeltaTable.is_deltatable(uri, storage_options=storage):
         raise ValueError(f"{FORMAT_NAME}: {location} is not a Delta table (no _delta_log/)")
-    return DeltaTable(location, version=version) if version is not None else DeltaTable(location)
+    return DeltaTable(uri, version=version, storage_options=storage)
 
 
 def table_arrow_schema(dt) -> pa.Schema:
@@ -138,9 +150,10 @@ class DataFile:
 
 @dataclass(frozen=True)
 class FileGroup(InputPartition):
-    """The files one Spark task reads."""
+    """The files one Spark task reads (``storage``: the table's storage options, for remote files)."""
 
     files: tuple[DataFile, ...]
+    storage: StorageOptions = ()
 
     @property
     def value(self):  # InputPartition's attribute (repr/debugging)
@@ -154,6 +167,7 @@ class DeltaRsScan(InputPartition):
     location: str
     version: int
     reason: str
+    storage: StorageOptions = ()
 
     @property
     def value(self):
@@ -387,13 +401,15 @@ class ScanPlan:
     delta_rs_reason: str | None = None
 
 
-def plan_scan(location: str, *, version: int | None = None, filters: Sequence[Filter] = (),
+def plan_scan(location: str | os.PathLike | Location, *, version: int | None = None, filters: Sequence[Filter] = (),
               max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES,
               open_cost: int = DEFAULT_OPEN_COST_BYTES, min_partitions: int = 1,
               columns: Sequence[str] = ()) -> ScanPlan:
     """Resolve the snapshot (latest unless ``version``) and plan the read. Called by
     :meth:`DeltaReader.partitions` at query planning; usable directly to see what a filter prunes.
-    ``columns``: names the caller will read (an unknown one is an error, not a null column)."""
+    ``columns``: names the caller will read (an unknown one is an error, not a null column).
+    ``location``: a path or URI, or a Location with the storage options of a remote table."""
+    location = Location.parse(location)
     dt = _open_table(location, version)
     snapshot = dt.version()
     schema = table_arrow_schema(dt)
@@ -403,22 +419,31 @@ def plan_scan(location: str, *, version: int | None = None, filters: Sequence[Fi
     reason = needs_delta_rs(dt.protocol(), dt.metadata().configuration, lambda: _dv_present(dt))
     if reason is not None:
         log.info("%s v%d: reading through delta-rs (%s)", location, snapshot, reason)
-        return ScanPlan(snapshot, -1, [], [DeltaRsScan(location, snapshot, reason)], reason)
+        return ScanPlan(snapshot, -1, [], [DeltaRsScan(location.uri, snapshot, reason, location.options)], reason)
     files = data_files(dt, schema)
     kept = prune(files, filters, schema)
     groups = group_files(kept, max_partition_bytes, open_cost, min_partitions)
     log.info("%s v%d: %d of %d files in %d partitions", location, snapshot, len(kept), len(files), len(groups))
-    return ScanPlan(snapshot, len(files), kept, [FileGroup(g) for g in groups])
+    return ScanPlan(snapshot, len(files), kept, [FileGroup(g, location.options) for g in groups])
 
 
 # ---- reading (executors) ---------------------------------------------------------------------------
 
-def _filesystem(path: str):
+def _filesystem(path: str, storage: StorageOptions = ()):
+    """(pyarrow filesystem, path inside it) for a data file: a local path, or a URI whose
+    filesystem is that of its bucket (``scheme://netloc``) with the table's storage options, so
+    one filesystem per bucket and process serves every file (:class:`Location` caches it)."""
     from pyarrow import fs as pafs
 
-    if urlparse(path).scheme and not os.path.isabs(path):
-        return pafs.FileSystem.from_uri(path)
-    return pafs.LocalFileSystem(), path
+    if not urlparse(path).scheme or os.path.isabs(path):
+        return pafs.LocalFileSystem(), path
+    scheme, _, rest = path.partition("://")
+    if scheme.lower() == "file":
+        return pafs.LocalFileSystem(), unquote(urlparse(path).path)
+    netloc, _, inner = rest.partition("/")
+    # the storage options were resolved on the driver: taken as they are, no executor environment
+    fs, base = Location(f"{scheme}://{netloc}", storage).filesystem()
+    return fs, f"{base.rstrip('/')}/{inner}"
 
 
 def _constant(value: Any, typ: pa.DataType, n: int) -> pa.Array:
@@ -437,12 +462,14 @@ def _column_as(array: pa.Array | pa.ChunkedArray, typ: pa.DataType) -> pa.Array:
     return array if array.type.equals(typ) else array.cast(typ)
 
 
-def read_file(file: DataFile, target: pa.Schema, skip: frozenset[str] = frozenset()) -> Iterator[pa.RecordBatch]:
+def read_file(file: DataFile, target: pa.Schema, skip: frozenset[str] = frozenset(),
+              storage: StorageOptions = ()) -> Iterator[pa.RecordBatch]:
     """``target`` batches of one data file: file columns cast, partition values from the log,
-    columns the file lacks (added to the table later) and ``skip`` columns as nulls."""
+    columns the file lacks (added to the table later) and ``skip`` columns as nulls. ``storage``:
+    the storage options of a remote file."""
     import pyarrow.parquet as pq
 
-    filesystem, path = _filesystem(file.path)
+    filesystem, path = _filesystem(file.path, storage)
     partition = dict(file.partition_values)
     with filesystem.open_input_file(path) as fh:
         pf = pq.ParquetFile(fh)
@@ -482,7 +509,7 @@ def _row_counts(n: int) -> Iterator[_Rows]:
 def read_with_delta_rs(scan: DeltaRsScan, target: pa.Schema, skip: frozenset[str] = frozenset()) -> Iterator[pa.RecordBatch]:
     """``target`` batches of the snapshot as delta-rs's engine reads it (it applies column mapping
     and deletion vectors)."""
-    dt = _open_table(scan.location, scan.version)
+    dt = _open_table(Location(scan.location, scan.storage), scan.version)
     present = set(table_arrow_schema(dt).names)
     wanted = [f.name for f in target if f.name in present and f.name not in skip]
     reader = pa.RecordBatchReader.from_stream(dt.scan(columns=wanted or None))
@@ -502,7 +529,7 @@ class DeltaReader(DataSourceReader):
     ``partitions()``: everything a task needs travels in its partition."""
 
     def __init__(self, options, schema) -> None:
-        self.location = table_location(options)
+        self.location = source_location(options)
         self.version = opt_int(options, "versionAsOf", None, FORMAT_NAME)
         self.guard = opt_bool(options, "planGuard", False)
         self.push_enabled = opt_bool(options, "pushFilters", self.guard)
@@ -537,7 +564,7 @@ class DeltaReader(DataSourceReader):
         if isinstance(partition, DeltaRsScan):
             return read_with_delta_rs(partition, target, skip)
         if isinstance(partition, FileGroup):
-            return (batch for file in partition.files for batch in read_file(file, target, skip))
+            return (batch for file in partition.files for batch in read_file(file, target, skip, partition.storage))
         return iter(())
 
 
@@ -552,7 +579,7 @@ class DeltaDataSource(DataSource):
         from pyspark.sql.pandas.types import from_arrow_schema
         from pyspark.sql.types import BooleanType, StructField
 
-        location = table_location(self.options)
+        location = source_location(self.options)
         dt = _open_table(location, opt_int(self.options, "versionAsOf", None, FORMAT_NAME))
         schema = from_arrow_schema(table_arrow_schema(dt))
         if opt_bool(self.options, "planGuard", False):
@@ -574,15 +601,18 @@ def register(spark) -> None:
     register_data_source(spark, DeltaDataSource)
 
 
-def load_delta(spark, path: str | os.PathLike, **options: Any):
+def load_delta(spark, path: str | os.PathLike | Location, **options: Any):
     """The table as a DataFrame whose every query plans its read afresh (see "Plans" above):
-    latest snapshot at planning time, filter pushdown on. Extra ``options`` go to the source."""
+    latest snapshot at planning time, filter pushdown on. ``path``: a local path, a URI, or a
+    Location whose storage options go along. Extra ``options`` go to the source."""
     from pyspark.sql import functions as F
 
     register(spark)
-    opts = {"minPartitions": str(spark.sparkContext.defaultParallelism), **{k: str(v) for k, v in options.items()}}
+    location = Location.parse(path)
+    opts = {"minPartitions": str(spark.sparkContext.defaultParallelism), **source_options(location),
+            **{k: str(v) for k, v in options.items()}}
     opts["planGuard"] = "true"
     reader = spark.read.format(FORMAT_NAME)
     for key, value in opts.items():
         reader = reader.option(key, value)
-    return reader.load(os.fspath(path)).where(F.col(GUARD_COLUMN).isNull()).drop(GUARD_COLUMN)
+    return reader.load(location.uri).where(F.col(GUARD_COLUMN).isNull()).drop(GUARD_COLUMN)

@@ -5,10 +5,14 @@
     rocketlake sql --lake LAKE --saved message_by_key --param key=order-1
     rocketlake sql --list-queries
     rocketlake sql --lake LAKE                       # the interactive shell
+    rocketlake sql --lake s3://bucket/lake --storage-option AWS_ENDPOINT_URL=http://127.0.0.1:9000 …
 
-Every Delta table directly under LAKE is a view under its own name. Exit codes: 0 done; 2 for
-anything the user can fix — bad arguments, a lake without tables, a query the engine rejects (its
-message is printed, with the position where the engine gives one) — and never a Python traceback.
+Every Delta table directly under LAKE is a view under its own name. LAKE is a directory or a URI
+(``s3://``, ``gs://``, ``abfs://``, ``file://`` …); storage options (delta-rs names) come from the
+environment (``AWS_*``, ``GOOGLE_*``, ``AZURE_*``) and ``--storage-option KEY=VALUE``, which wins.
+Exit codes: 0 done; 2 for anything the user can fix — bad arguments, a lake that does not exist,
+cannot be reached or holds no table, a query the engine rejects (its message is printed, with the
+position where the engine gives one) — and never a Python traceback.
 The parser is registered by :func:`broker.cli.build_parser`; engines load only when a query runs.
 """
 
@@ -43,6 +47,24 @@ def _positive(text: str) -> int:
     return value
 
 
+def add_lake_args(p: argparse.ArgumentParser, *, required: bool = False) -> None:
+    """``--lake`` and ``--storage-option``, as ``sql``, ``sql-server`` and ``maintenance`` take them
+    (:func:`lake_location` reads them back)."""
+    p.add_argument("--lake", metavar="LAKE", required=required,
+                   help="the lake: a directory or a URI (s3://bucket/lake, file://…) holding the Delta tables")
+    from pipelines.job_args import add_storage_option_arg
+
+    add_storage_option_arg(p)
+
+
+def lake_location(args: argparse.Namespace):
+    """``--lake`` with ``--storage-option`` as a :class:`pipelines.storage.Location`; raises
+    :class:`pipelines.storage.StorageError` (a ValueError) for a malformed option or URI."""
+    from pipelines.storage import Location, parse_storage_options
+
+    return Location.parse(args.lake, parse_storage_options(args.storage_option))
+
+
 def add_sql_parser(sub: argparse._SubParsersAction) -> None:
     """``rocketlake sql``: registered by :func:`broker.cli.build_parser`."""
     from pipelines.sql.engines import DEFAULT_ENGINE, ENGINES
@@ -51,14 +73,14 @@ def add_sql_parser(sub: argparse._SubParsersAction) -> None:
         "sql", help="SQL over the lake's Delta tables (DuckDB, DataFusion or Spark SQL), or a shell",
         description="Run QUERY (several may be separated by ';'), the statements of -f FILE, or a "
                     "ready-made query (--saved NAME, see --list-queries) over every Delta table under "
-                    "--lake, each a view named after its directory (messages, consume_queue, consumer_lag, "
+                    "--lake (a directory or a URI such as s3://bucket/lake), each a view named after its directory (messages, consume_queue, consumer_lag, "
                     "dlq_messages, …). Without any of them: an interactive shell. Exit 2 when the engine "
                     "rejects a statement or the lake holds no table.",
         epilog="Parameters: a query may use ${NAME} placeholders, filled by --param NAME=VALUE or by the "
                "defaults its comments declare ('-- @param NAME = DEFAULT | description'); inside a string "
                "literal the value is escaped.")
     p.add_argument("query", nargs="?", metavar="QUERY", help="SQL to run (omit for the shell)")
-    p.add_argument("--lake", metavar="LAKE_DIR", help="directory holding the Delta tables")
+    add_lake_args(p)
     p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
                    help=f"default {DEFAULT_ENGINE} (embedded, no JVM); datafusion = delta-rs QueryBuilder; "
                         "spark = a local Spark session")
@@ -121,7 +143,11 @@ def cmd_sql(args: argparse.Namespace, out: IO[str] | None = None, err: IO[str] |
         out.write(describe(list_queries()) + "\n")
         return EXIT_OK
     if not args.lake:
-        return _fail("--lake LAKE_DIR is required (the directory holding the Delta tables)", err)
+        return _fail("--lake LAKE is required (the directory or URI holding the Delta tables)", err)
+    try:
+        lake = lake_location(args)
+    except ValueError as exc:
+        return _fail(str(exc), err)
     if args.format == "parquet" and not args.output:
         return _fail("--format parquet needs --output FILE", err)
     try:
@@ -134,7 +160,7 @@ def cmd_sql(args: argparse.Namespace, out: IO[str] | None = None, err: IO[str] |
     from pipelines.sql.engines import SqlError, open_engine
 
     try:
-        engine = open_engine(args.engine, args.lake)
+        engine = open_engine(args.engine, lake)
     except SqlError as exc:
         return _fail(str(exc), err)
     try:

@@ -5,6 +5,9 @@ name cannot be registered twice. So before each statement every table's ``DeltaT
 up to date (``update_incremental`` reads only the new log entries) and a table whose version moved
 is dropped and registered again: one ``QueryBuilder`` lives as long as the engine, so views and
 settings a user creates in the shell survive, and every query still sees the latest commits.
+
+A remote lake (``s3://…``) is read by delta-rs's own object store: each ``DeltaTable`` is opened
+with the lake's storage options, nothing else changes.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import pyarrow as pa
 
 from pipelines.sql.engines import (Result, SqlError, guarded, lake_tables, no_rows, quote_identifier,
                                    sql_quote_escape)
+from pipelines.storage import Location
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +27,7 @@ class DataFusionEngine:
     name = "datafusion"
     backslash_escapes = False
 
-    def __init__(self, lake: str) -> None:
+    def __init__(self, lake: Location) -> None:
         from deltalake import QueryBuilder
 
         self.lake = lake
@@ -37,17 +41,18 @@ class DataFusionEngine:
         return dict(self._paths)
 
     def refresh(self) -> None:
-        from deltalake import DeltaTable
+        from pipelines.delta_commit import open_delta
+        from pipelines.sql.views import one_line
 
-        paths = lake_tables(self.lake)
+        tables = lake_tables(self.lake)
         for name in list(self._tables):
-            if paths.get(name) != self._paths.get(name):
+            if name not in tables or tables[name].uri != self._paths.get(name):
                 self._drop(name)
-        for name, path in paths.items():
+        for name, location in tables.items():
             table = self._tables.get(name)
             try:
                 if table is None:
-                    table = DeltaTable(path)
+                    table = open_delta(location, missing_ok=False)
                 else:
                     table.update_incremental()
                     if table.version() == self._versions[name]:
@@ -55,8 +60,8 @@ class DataFusionEngine:
                     self._drop(name)
                 self._qb.register(name, table)
             except Exception as exc:  # a table deleted or rewritten under us: the user's to fix
-                raise SqlError(f"cannot read Delta table {name} at {path}: {exc}", self.name) from None
-            self._tables[name], self._paths[name], self._versions[name] = table, path, table.version()
+                raise SqlError(f"cannot read Delta table {name} at {location}: {one_line(exc)}", self.name) from None
+            self._tables[name], self._paths[name], self._versions[name] = table, location.uri, table.version()
             log.debug("datafusion: %s registered at version %d", name, table.version())
 
     def _drop(self, name: str) -> None:

@@ -1,7 +1,9 @@
 """Spark SQL over the lake: the views of :func:`pipelines.sql.views.register_lake_views`.
 
 The session is the running one when there is one (a job, the tests), else a local one from
-:func:`pipelines.session.build_session` (UTC, loopback), stopped again on :meth:`close`.
+:func:`pipelines.session.build_session` (UTC, loopback), stopped again on :meth:`close`. A remote
+lake's tables are read by :mod:`pipelines.sources.delta` with the lake's storage options, which
+travel with each read to the executors (no Hadoop ``s3a`` configuration involved).
 
 Results stream in order, as Arrow, without passing through Python rows (they would lose types:
 binary as bytearray, timestamps in the driver's local zone): ``mapInArrow`` hands each partition's
@@ -32,6 +34,7 @@ from typing import Iterator
 import pyarrow as pa
 
 from pipelines.sql.engines import Result, SqlError, guarded, lake_tables, no_rows
+from pipelines.storage import Location
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +86,7 @@ class SparkEngine:
     name = "spark"
     backslash_escapes = True
 
-    def __init__(self, lake: str, spark=None) -> None:
+    def __init__(self, lake: Location, spark=None) -> None:
         from pyspark.sql import SparkSession
 
         self.lake = lake
@@ -114,8 +117,9 @@ class SparkEngine:
     def refresh(self) -> None:
         """Register the views again when a table appeared, went, or got a new commit (the view of a
         data source may have its schema and files fixed when it was made)."""
-        paths = lake_tables(self.lake)
-        markers = {name: _log_marker(path) for name, path in paths.items()}
+        tables = lake_tables(self.lake)
+        paths = {name: table.uri for name, table in tables.items()}
+        markers = {name: _log_marker(table) for name, table in tables.items()}
         if markers == self._markers and _VIEW_OWNERS.get(id(self.spark)) is self:
             return
         from pipelines.sql.views import register_lake_views
@@ -192,10 +196,11 @@ def _read_spilled(rows, schema: pa.Schema, directory: str) -> Iterator[pa.Record
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _log_marker(path: str) -> str:
-    """The newest Delta log entry's name: changes with every commit, costs one directory listing."""
+def _log_marker(table: Location) -> str:
+    """The newest Delta log entry's name: changes with every commit, costs one directory listing
+    (one LIST request on an object store)."""
     try:
-        entries = [e for e in os.listdir(os.path.join(path, "_delta_log")) if e.endswith(".json")]
+        entries = [info.base_name for info in table.child("_delta_log").list() if info.base_name.endswith(".json")]
     except OSError:
         return ""
     return max(entries, default="")

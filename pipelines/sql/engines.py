@@ -7,9 +7,12 @@ and hands results back as a stream of Arrow record batches, so the output code
 (:mod:`pipelines.sql.output`) is shared and never holds a whole result.
 
 Every engine error a user can cause (syntax, unknown table or column, a runtime failure such as a
-bad cast, a lake without tables) is raised as :class:`SqlError` carrying the engine's own message,
-position included where the engine gives one; the CLI prints it and exits 2, the shell prints it
-and goes on.
+bad cast, a lake without tables, a lake URI that does not exist or cannot be reached) is raised as
+:class:`SqlError` carrying the engine's own message, position included where the engine gives one;
+the CLI prints it and exits 2, the shell prints it and goes on.
+
+The lake is a :class:`pipelines.storage.Location`: a local directory or a URI (``s3://bucket/lake``)
+with its storage options, which each engine hands to its reader (see the engine modules for how).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 if TYPE_CHECKING:  # pyarrow loads with the engines, not when `rocketlake` builds its parser
     import pyarrow as pa
+
+    from pipelines.storage import Location
 
 ENGINES = ("duckdb", "datafusion", "spark")
 DEFAULT_ENGINE = "duckdb"
@@ -48,11 +53,11 @@ class Engine(Protocol):
     """A SQL engine with every lake table registered as a view under its own name."""
 
     name: str
-    lake: str
+    lake: Location
     backslash_escapes: bool  # string literals read '\'' as a quote (Spark)
 
     def tables(self) -> dict[str, str]:
-        """Table name -> Delta table path, as of the last refresh."""
+        """Table name -> Delta table path or URI, as of the last refresh."""
         ...
 
     def refresh(self) -> None:
@@ -72,13 +77,13 @@ class Engine(Protocol):
         ...
 
 
-def lake_tables(lake: str | os.PathLike) -> dict[str, str]:
-    """``pipelines.sql.views.lake_table_paths`` with its errors (no such directory, no Delta
-    table in it) turned into :class:`SqlError`: a wrong ``--lake`` is the user's to fix."""
-    from pipelines.sql.views import lake_table_paths
+def lake_tables(lake: Location) -> dict[str, Location]:
+    """``pipelines.sql.views.tables_or_error`` with its errors (no such lake, storage unreachable,
+    no Delta table in it) turned into :class:`SqlError`: a wrong ``--lake`` is the user's to fix."""
+    from pipelines.sql.views import tables_or_error
 
     try:
-        return lake_table_paths(os.fspath(lake))
+        return tables_or_error(lake)
     except (ValueError, OSError) as exc:
         raise SqlError(str(exc)) from None
 
@@ -113,9 +118,12 @@ def guarded(batches: Iterator[pa.RecordBatch], translate: Callable[[BaseExceptio
         raise error from None
 
 
-def open_engine(name: str, lake: str | os.PathLike, **options) -> Engine:
-    """The engine ``name`` (one of :data:`ENGINES`) over ``lake``; raises :class:`SqlError` when
-    the lake holds no Delta table. ``options`` go to the engine (``spark=`` a session to reuse)."""
+def open_engine(name: str, lake: str | os.PathLike | Location, **options) -> Engine:
+    """The engine ``name`` (one of :data:`ENGINES`) over ``lake`` (a path, a URI, or a Location with
+    storage options); raises :class:`SqlError` when the lake holds no Delta table or cannot be
+    reached. ``options`` go to the engine (``spark=`` a session to reuse)."""
+    from pipelines.storage import Location, StorageError
+
     if name == "duckdb":
         from pipelines.sql.engine_duckdb import DuckDBEngine as cls
     elif name == "datafusion":
@@ -124,4 +132,8 @@ def open_engine(name: str, lake: str | os.PathLike, **options) -> Engine:
         from pipelines.sql.engine_spark import SparkEngine as cls
     else:
         raise ValueError(f"unknown engine {name!r} (one of {', '.join(ENGINES)})")
-    return cls(os.fspath(lake), **options)
+    try:
+        location = Location.parse(lake)
+    except StorageError as exc:
+        raise SqlError(str(exc)) from None
+    return cls(location, **options)

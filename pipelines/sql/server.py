@@ -1,6 +1,7 @@
 """``rocketlake sql-server``: Spark's Thrift JDBC/ODBC server (HiveServer2 protocol) over the lake.
 
     rocketlake sql-server --lake LAKE [--port 10000] [--host 127.0.0.1] [--master local[2]]
+        [--storage-option KEY=VALUE ...]      # LAKE: a directory or a URI (s3://bucket/lake, …)
     beeline -u jdbc:hive2://127.0.0.1:10000/ -e 'SELECT count(*) FROM messages'
 
 How it runs: a SparkSession driven from Python (so the delta-rs Python Data Source of
@@ -21,7 +22,8 @@ sources cannot back catalog tables in 4.2.0 (``CREATE TABLE … USING`` drops th
 views. Concurrency caveat: see "Plans" in :mod:`pipelines.sources.delta`.
 
 Loopback by default: the Thrift port binds to ``--host`` (127.0.0.1) and the Spark UI is off.
-Exit codes: 0 after a signal, 2 for bad input (no tables at ``--lake``), 1 when the server cannot
+Exit codes: 0 after a signal, 2 for bad input (no tables at ``--lake``, a lake URI that does not
+exist or cannot be reached, a malformed ``--storage-option``), 1 when the server cannot
 start (port in use, JVM failure) — one ``error:`` line on stderr, no traceback.
 """
 
@@ -38,7 +40,10 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipelines.storage import Location
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +64,7 @@ class ServerError(Exception):
 
 @dataclass(frozen=True)
 class ServerConfig:
-    lake: str
+    lake: str | Location          # a path, a URI, or a Location with storage options
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     master: str = "local[2]"
@@ -131,10 +136,10 @@ def serve(config: ServerConfig, ready=None, stop: threading.Event | None = None)
     """Run the server until ``stop`` is set (the CLI sets it on SIGINT/SIGTERM).
 
     ``ready(tables)`` is called once the port accepts connections. Raises :class:`ServerError`."""
-    from pipelines.sql.views import lake_table_paths, register_lake_views
+    from pipelines.sql.views import register_lake_views, tables_or_error
 
     try:
-        lake_table_paths(config.lake)  # before starting a JVM: a wrong --lake fails fast
+        tables_or_error(config.lake)  # before starting a JVM: a wrong --lake fails fast
     except ValueError as exc:
         raise ServerError(str(exc), EXIT_USAGE) from None
     if not 0 < config.port < 65536:
@@ -192,7 +197,14 @@ def _first_line(exc: BaseException) -> str:
 
 
 def cmd_sql_server(args: argparse.Namespace) -> int:
-    config = ServerConfig(lake=str(args.lake), host=args.host, port=args.port, master=args.master)
+    from pipelines.sql.cli import lake_location
+
+    try:
+        lake = lake_location(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    config = ServerConfig(lake=lake, host=args.host, port=args.port, master=args.master)
     stop = threading.Event()
 
     def on_signal(signum, frame) -> None:
@@ -227,12 +239,15 @@ def _port(text: str) -> int:
 
 def add_sql_server_parser(sub: argparse._SubParsersAction) -> None:
     """``rocketlake sql-server``: registered by :func:`broker.cli.build_parser`."""
+    from pipelines.sql.cli import add_lake_args
+
     p = sub.add_parser("sql-server", help="serve the lake's tables over JDBC/ODBC (HiveServer2 protocol)",
                        description="Spark's Thrift JDBC/ODBC server with every Delta table under --lake as a "
                                    "view of the same name; serves until SIGINT/SIGTERM. Exit 2 on bad input, "
                                    "1 when the server cannot start.")
-    p.add_argument("--lake", type=Path, required=True, metavar="LAKE_DIR", help="directory holding the Delta tables")
+    add_lake_args(p, required=True)
     p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"Thrift port (default {DEFAULT_PORT})")
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: loopback only)")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.set_defaults(func=cmd_sql_server)
+

@@ -42,20 +42,10 @@ Statements end with ';' and may span lines. Every lake table is a view under its
 
 
 def column_descriptions() -> dict[str, dict[str, str]]:
-    """table -> column -> meaning, from the schema modules (``X_TABLE`` names, ``X_COLUMNS`` lists)."""
-    import schemas.messages
-    import schemas.replay
-    import schemas.reports
-    import schemas.tables
+    """table -> column -> meaning, from the table contracts (schemas.registry)."""
+    from schemas.registry import TABLES
 
-    out: dict[str, dict[str, str]] = {}
-    for module in (schemas.messages, schemas.tables, schemas.reports, schemas.replay):
-        for attr, table in vars(module).items():
-            if attr.endswith("_TABLE") and isinstance(table, str):
-                columns = getattr(module, attr.removesuffix("_TABLE") + "_COLUMNS", None)
-                if columns:
-                    out[table] = {name: text for name, _, text in columns}
-    return out
+    return {name: dict(contract.descriptions) for name, contract in TABLES.items()}
 
 
 class Shell:
