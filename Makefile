@@ -64,6 +64,39 @@ demo: venv java-check
 	$(BIN)/rocketlake store messages $(DEMO_DIR)/store --limit 5 --format table
 	$(BIN)/rocketlake store index $(DEMO_DIR)/store --topic demo-topic-0 --key order-1
 
+# ---- Spark standalone cluster on this machine (pipelines/cluster.py): a master at
+# spark://127.0.0.1:$(CLUSTER_MASTER_PORT) (default 7077) and CLUSTER_WORKERS workers on loopback, each
+# its own JVM from the pyspark wheel; pid files, logs and the workers' work dirs under CLUSTER_DIR.
+# Settings left empty take pipelines/cluster.py's defaults (master web UI 8090, 2 workers with 1 core
+# and 1g each), e.g.  make cluster-up CLUSTER_WORKERS=3 CLUSTER_WORKER_MEMORY=2g
+# 'python -m pipelines.cluster status' prints the master URL and the workers.
+CLUSTER_DIR ?= build/cluster
+CLUSTER_MASTER_PORT ?=
+CLUSTER_MASTER_UI_PORT ?=
+CLUSTER_WORKERS ?=
+CLUSTER_WORKER_CORES ?=
+CLUSTER_WORKER_MEMORY ?=
+PYFILES := build/rocketlake-pyfiles.zip
+PYFILES_SOURCES := $(shell find broker pipelines schemas -type f ! -path '*/__pycache__/*' ! -name '*.pyc' 2>/dev/null)
+.PHONY: cluster-up cluster-down pyfiles
+
+# the project's packages in one zip for 'spark-submit --py-files' (rebuilt when a source changes)
+pyfiles: $(PYFILES)
+
+$(PYFILES): $(STAMP) pyproject.toml $(PYFILES_SOURCES)
+	$(BIN)/python -m pipelines.cluster pyfiles --out $@
+
+CLUSTER_UP_ARGS = --dir $(CLUSTER_DIR) $(if $(CLUSTER_MASTER_PORT),--master-port $(CLUSTER_MASTER_PORT)) \
+	$(if $(CLUSTER_MASTER_UI_PORT),--master-ui-port $(CLUSTER_MASTER_UI_PORT)) \
+	$(if $(CLUSTER_WORKERS),--workers $(CLUSTER_WORKERS)) $(if $(CLUSTER_WORKER_CORES),--worker-cores $(CLUSTER_WORKER_CORES)) \
+	$(if $(CLUSTER_WORKER_MEMORY),--worker-memory $(CLUSTER_WORKER_MEMORY))
+
+cluster-up: venv java-check pyfiles
+	$(BIN)/python -m pipelines.cluster up $(strip $(CLUSTER_UP_ARGS))
+
+cluster-down: venv
+	$(BIN)/python -m pipelines.cluster down --dir $(CLUSTER_DIR)
+
 # Benchmarks: one bench-<name> target per benchmarks/<name>.py (the send path, benchmarks/send_path.py, is
 # bench-broker); tests/test_benchmarks.py checks the mapping and runs each script with tiny sizes.
 # Defaults are the real sizes; pass others with BENCH_ARGS, e.g.

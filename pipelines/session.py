@@ -37,9 +37,11 @@ def prepare_local_environment() -> None:
 
 def _master_given_outside() -> bool:
     """True under spark-submit (its JVM, which holds ``--master``, hands the driver a gateway port)
-    or when the environment names a master; then the builder must not override it."""
-    return ("PYSPARK_GATEWAY_PORT" in os.environ or "spark.master" in os.environ.get("PYSPARK_SUBMIT_ARGS", "")
-            or bool(os.environ.get("SPARK_MASTER")))
+    or when ``PYSPARK_SUBMIT_ARGS`` names a master (``--master X`` or ``--conf spark.master=X``);
+    then the builder must not override it."""
+    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+    return ("PYSPARK_GATEWAY_PORT" in os.environ or "spark.master" in submit_args
+            or "--master" in submit_args.split())
 
 
 def build_session(app_name: str = "rocketlake", master: str | None = None,
@@ -47,6 +49,9 @@ def build_session(app_name: str = "rocketlake", master: str | None = None,
     """``getOrCreate`` a session; ``master`` None keeps what spark-submit set (else ``local[2]``)."""
     prepare_local_environment()
     builder = SparkSession.builder.appName(app_name)
+    if master is None and not _master_given_outside():
+        # Spark itself never reads SPARK_MASTER; honour it here (e.g. spark://127.0.0.1:7077)
+        master = os.environ.get("SPARK_MASTER") or None
     if master is not None:
         builder = builder.master(master)
     elif not _master_given_outside():
