@@ -10,7 +10,8 @@ file, then measures on that file, in one process (= one core):
 * raw read: ``readinto`` of the whole file in 8 MiB blocks, cold (pages dropped from the page
   cache with ``posix_fadvise(DONTNEED)``) and warm (second read);
 * decode: :func:`broker.store.columnar.iter_decode` over an mmap of the same file, all columns and
-  body CRCs, cold and warm; plus a decode without CRC checks.
+  body CRCs, cold and warm; plus a decode without CRC checks, and one with the bodies left as views
+  into the mapped file (``body_view``: what the ingest does, its Parquet writer reads them there).
 
 Prints MB/s, messages/s and the decode/raw ratio (goal: decode >= 50 % of raw read).
 """
@@ -54,12 +55,13 @@ def raw_read(path: Path) -> float:
     return time.perf_counter() - t0
 
 
-def decode(path: Path, base: int, size: int, verify_crc: bool = True) -> tuple[float, DecodeStats]:
+def decode(path: Path, base: int, size: int, verify_crc: bool = True,
+           body_view: bool = False) -> tuple[float, DecodeStats]:
     stats = DecodeStats()
     t0 = time.perf_counter()
     with open(path, "rb") as fh:
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        for batch in iter_decode(mm, base, size, stats=stats, verify_crc=verify_crc):
+        for batch in iter_decode(mm, base, size, stats=stats, verify_crc=verify_crc, body_view=body_view):
             del batch
     return time.perf_counter() - t0, stats
 
@@ -129,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     dec_cold, stats = decode(seg.path, seg.base, cl.segment_size)
     dec_warm, stats = decode(seg.path, seg.base, cl.segment_size)
     dec_nocrc, _ = decode(seg.path, seg.base, cl.segment_size, verify_crc=False)
+    dec_view, _ = decode(seg.path, seg.base, cl.segment_size, body_view=True)
     workers = os.cpu_count() or 1
     par_s, par_records, par_bytes = decode_parallel(seg.path, seg.base, cl.segment_size, workers)
     assert par_records == stats.records, "split decode must see every record exactly once"
@@ -141,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({stats.records / dec_warm:,.0f} messages/s per core, warm)")
     print(f"decode, no CRC  {'':8}       warm {data_mb / dec_nocrc:8.0f} MB/s   "
           f"({stats.records / dec_nocrc:,.0f} messages/s per core)")
+    print(f"decode, body views    warm {data_mb / dec_view:8.0f} MB/s   "
+          f"({stats.records / dec_view:,.0f} messages/s per core; the ingest's decode)")
     print(f"decode, {workers} processes (byte-range splits), warm {par_bytes / 1e6 / par_s:8.0f} MB/s   "
           f"({par_records / par_s:,.0f} messages/s)")
     print(f"decode/raw ratio: cold {raw_cold / dec_cold * data_mb / mb:6.1%}   warm {raw_warm / dec_warm * data_mb / mb:6.1%}"

@@ -1,31 +1,37 @@
 """End-to-end ingest speed (store → Delta lake with Spark) next to the raw read, decode-only and broker-consumer speeds of the same store, same run.
 
-    .venv/bin/python benchmarks/ingest.py [--sizes-gib 1 [4 16 ...]] [--broker-max-gib 1] [--split-bytes N]
-        [--root build/bench]
+    .venv/bin/python benchmarks/ingest.py [--sizes-gib 1 4 16] [--master local[2] | spark://HOST:PORT ...]
+        [--broker-max-gib 1] [--split-bytes N] [--root build/bench] [--generate-only]
 
 (``make bench-ingest``; a smoke run: ``--sizes-gib 0.01 --broker-max-gib 0.01 --root <tmp dir>``, about
 half a minute, most of it Spark start-up.)
 
-For each size, generates (once; reused while the arguments match, see ``bench-spec.json``) a store
-of about that many GiB of commitlog with ~1 KiB bodies under ``build/bench/ingest-<size>g``, then
+For each size (default 1, 4 and 16 GiB), generates (once; reused while the arguments match, see
+``bench-spec.json``) a store of about that many GiB of commitlog with ~1 KiB bodies under
+``build/bench/ingest-<size>g`` (``--generate-only`` does only this, e.g. ahead of a quiet machine), then
 measures on it:
 
 1. raw read: ``readinto`` of the data part of every commitlog file in 8 MiB blocks, cold (pages
    dropped with ``posix_fadvise(DONTNEED)``) and warm;
 2. decode only: :func:`broker.store.columnar.iter_decode` over every segment in this process
    (one core, warm page cache), all columns and body CRCs;
-3. ingest end to end: ``spark-submit --master local[2] jobs/ingest_commitlog.py --store
-   broker-a=STORE --lake <fresh lake>`` as a subprocess with the store's pages dropped first (cold);
-   wall time including JVM start, the job's own time, and the peak RSS of the whole process tree
-   (JVM + Python driver + Python workers) sampled every 0.5 s from /proc;
+3. ingest end to end, once per ``--master`` (default ``local[2]``; ``spark://HOST:PORT`` submits to
+   a standalone cluster, e.g. the one ``make cluster-up`` starts, and labels the row with it):
+   ``spark-submit --master M jobs/ingest_commitlog.py --store broker-a=STORE --lake <fresh lake>`` as a
+   subprocess with the store's pages dropped first (cold); wall time including JVM start, the
+   job's own time, and the peak memory of the whole process tree (JVM + Python driver + Python
+   workers; on a cluster also every executor JVM and its Python workers) sampled every 0.5 s from
+   /proc: RSS, and apart from it the anonymous part (RSS also counts the mapped commitlog pages,
+   which are page cache the kernel can drop, not memory the job holds);
 4. the broker path, on the smallest size only: a name server and a broker started on the store,
    and one PullConsumer pulling every message of every ``demo-topic-*`` queue (round robin, 32 per
    pull) and appending them to a Delta table with ``deltalake.write_deltalake`` in batches — at
    most ``--broker-max-gib`` GiB of commitlog (it is slow).
 
-MB/s are commitlog bytes (10^6) per second. Goals: ingest >= 150 MB/s end to end and >= 10x the
-broker path; with several sizes, seconds per GiB should stay flat (linear time) and so should the
-peak memory. Sizes that do not fit in the free disk space are skipped with a message.
+MB/s are commitlog bytes (10^6) per second. Goals (issue 12): ingest >= 300 MB/s end to end on
+``local[2]`` for the 16 GiB store and >= 10x the broker path; across sizes, seconds per GiB should
+stay flat (linear time) and so should the peak memory. Sizes that do not fit in the free disk space
+are skipped with a message.
 """
 
 from __future__ import annotations
@@ -60,9 +66,10 @@ AVG_RECORD_BYTES = 1233  # measured mean stored record size of a generated store
 SEGMENT_BYTES = GIB
 INDEX_SLOTS = 500_000
 INDEX_ENTRIES = 2_000_000
-GOAL_MBPS = 150.0
+GOAL_MBPS = 300.0  # issue 12: 16 GiB of 1 KiB messages on local[2]
+LOCAL_MASTER = "local[2]"
 GOAL_RATIO = 10.0
-PAGE = os.sysconf("SC_PAGE_SIZE")
+DEFAULT_SIZES_GIB = (1.0, 4.0, 16.0)
 
 
 def say(msg: str) -> None:
@@ -169,47 +176,94 @@ def decode_all(cl: CommitLog, extents: list[tuple[Path, int, int]]) -> tuple[flo
     return time.perf_counter() - t0, records, decoded, findings
 
 
-# ---- memory of a process tree -------------------------------------------------------------------
+# ---- memory of a process tree -------------------------------------------------------------------------
 
-def tree_rss(root: int) -> tuple[int, int]:
-    """(bytes of RSS, process count) of ``root`` and all its live descendants."""
+EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+
+
+@dataclass
+class Memory:
+    """Resident memory of a set of processes: all of it, and the anonymous part alone.
+
+    Why both: pages of files a process maps (the commitlog segments the decoder mmaps) count in RSS
+    but are page cache the kernel can drop at any time; the anonymous part (heaps, Arrow buffers,
+    the JVMs) is what the job really holds."""
+
+    rss: int = 0
+    anon: int = 0
+    procs: int = 0
+
+
+def proc_memory(pid: int) -> tuple[int, int] | None:
+    """(RSS, anonymous RSS) in bytes from /proc/PID/status; None when the process is gone."""
+    rss = anon = None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+            elif line.startswith("RssAnon:"):
+                anon = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return (rss or 0, anon or 0) if rss is not None else None
+
+
+def _is_executor(pid: int) -> bool:
+    try:
+        return EXECUTOR_MAIN.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def tree_memory(root: int, with_executors: bool = False) -> Memory:
+    """Memory of ``root`` and all its live descendants; with ``with_executors`` also of every Spark
+    standalone executor JVM on this machine and its descendants (on a cluster the executors and
+    their Python workers are children of the worker daemons, not of spark-submit)."""
     from broker.server.launcher import iter_proc_stats
 
     children: dict[int, list[int]] = {}
+    live: list[int] = []
     for pid, state, ppid, _ in iter_proc_stats():
         if state != "Z":
             children.setdefault(ppid, []).append(pid)
-    total = count = 0
-    todo = [root]
+            live.append(pid)
+    todo = [root] + ([pid for pid in live if _is_executor(pid)] if with_executors else [])
+    seen: set[int] = set()
+    mem = Memory()
     while todo:
         pid = todo.pop()
-        try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-            count += 1
-        except (OSError, IndexError, ValueError):
+        if pid in seen:
             continue
+        seen.add(pid)
+        got = proc_memory(pid)
+        if got is None:
+            continue
+        mem.rss += got[0]
+        mem.anon += got[1]
+        mem.procs += 1
         todo += children.get(pid, [])
-    return total, count
+    return mem
 
 
-class PeakRss(threading.Thread):
-    """Samples :func:`tree_rss` of ``root`` every ``interval`` seconds; ``peak`` is the max seen."""
+class PeakMemory(threading.Thread):
+    """Samples :func:`tree_memory` of ``root`` every ``interval`` seconds and keeps the peaks
+    (RSS, anonymous RSS and process count each peak on its own)."""
 
-    def __init__(self, root: int, interval: float = 0.5) -> None:
+    def __init__(self, root: int, interval: float = 0.5, with_executors: bool = False) -> None:
         super().__init__(daemon=True)
-        self.root, self.interval = root, interval
-        self.peak = self.peak_procs = 0
+        self.root, self.interval, self.with_executors = root, interval, with_executors
+        self.peak = Memory()
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         while True:
-            rss, procs = tree_rss(self.root)
-            self.peak = max(self.peak, rss)
-            self.peak_procs = max(self.peak_procs, procs)
+            mem = tree_memory(self.root, self.with_executors)
+            self.peak = Memory(max(self.peak.rss, mem.rss), max(self.peak.anon, mem.anon),
+                               max(self.peak.procs, mem.procs))
             if self._stop_event.wait(self.interval):
                 return
 
-    def stop(self) -> int:
+    def stop(self) -> Memory:
         self._stop_event.set()
         self.join()
         return self.peak
@@ -221,26 +275,36 @@ class PeakRss(threading.Thread):
 class IngestResult:
     seconds: float
     job_seconds: float | None
+    master: str = LOCAL_MASTER
     rows: dict[str, int] = field(default_factory=dict)
-    peak_rss: int = 0
-    peak_procs: int = 0
+    memory: Memory = field(default_factory=Memory)
 
 
-def run_ingest(store: Path, lake: Path, workdir: Path, split_bytes: int | None) -> IngestResult:
+def spark_submit_command(store: Path, lake: Path, master: str, split_bytes: int | None) -> list[str]:
     py = venv_python()
     spark_submit = Path(py).parent / "spark-submit"
-    cmd = [str(spark_submit) if spark_submit.exists() else "spark-submit", "--master", "local[2]",
+    cmd = [str(spark_submit) if spark_submit.exists() else "spark-submit", "--master", master,
            "--conf", "spark.ui.showConsoleProgress=false",
+           # the same interpreter for the driver's and the executors' Python workers: on a standalone
+           # cluster on this machine the executors would otherwise start whatever python is on PATH
+           "--conf", f"spark.pyspark.python={py}", "--conf", f"spark.pyspark.driver.python={py}",
            str(REPO / "jobs" / "ingest_commitlog.py"), "--store", f"{BROKER_NAME}={store}", "--lake", str(lake)]
     if split_bytes:
         cmd += ["--split-bytes", str(split_bytes)]
+    return cmd
+
+
+def run_ingest(store: Path, lake: Path, workdir: Path, split_bytes: int | None,
+               master: str = LOCAL_MASTER) -> IngestResult:
+    py = venv_python()
+    cmd = spark_submit_command(store, lake, master, split_bytes)
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=py, PYSPARK_DRIVER_PYTHON=py)
     err_path = workdir / "ingest.log"
     with open(err_path, "w") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
                                 start_new_session=True)
-        sampler = PeakRss(proc.pid)
+        sampler = PeakMemory(proc.pid, with_executors=master != LOCAL_MASTER)
         sampler.start()
         try:
             out, _ = proc.communicate()
@@ -254,7 +318,7 @@ def run_ingest(store: Path, lake: Path, workdir: Path, split_bytes: int | None) 
     if proc.returncode != 0:
         tail = err_path.read_text(errors="replace").splitlines()[-30:]
         raise RuntimeError(f"spark-submit exited with {proc.returncode}; last lines of {err_path}:\n" + "\n".join(tail))
-    result = IngestResult(seconds, None, peak_rss=sampler.peak, peak_procs=sampler.peak_procs)
+    result = IngestResult(seconds, None, master=master, memory=sampler.peak)
     for line in out.splitlines():
         if line.startswith("ingest "):
             say(line)
@@ -274,7 +338,7 @@ class BrokerResult:
     messages: int
     bytes: int
     queues: int
-    peak_rss: int
+    memory: Memory
 
 
 def run_broker_path(store: Path, lake: Path, workdir: Path, max_bytes: int, batch_rows: int) -> BrokerResult:
@@ -315,7 +379,7 @@ def run_broker_path(store: Path, lake: Path, workdir: Path, max_bytes: int, batc
             say(f"broker up in {startup:.1f} s; pulling {len(queues)} queues of {TOPIC_PREFIX}* "
                 f"(at most {max_bytes / GIB:g} GiB) …")
             drop_cache(store)
-            sampler = PeakRss(os.getpid())
+            sampler = PeakMemory(os.getpid())
             sampler.start()
             cols: dict[str, list] = {name: [] for name in schema.names}
             messages = pulled = 0
@@ -388,16 +452,27 @@ class SizeResult:
     raw_warm: float
     decode_mbps: float
     decode_mps: float
-    ingest: IngestResult
+    ingests: list[IngestResult] = field(default_factory=list)  # one per --master, in order
     broker: BrokerResult | None = None
+
+    def mbps(self, ing: IngestResult) -> float:
+        return self.data_bytes / 1e6 / ing.seconds
+
+    def mps(self, ing: IngestResult) -> float:
+        return ing.rows.get("messages", self.records) / ing.seconds
+
+    @property
+    def ingest(self) -> IngestResult:
+        """The first master's run (local[2] unless --master says otherwise): the goal's figure."""
+        return self.ingests[0]
 
     @property
     def ingest_mbps(self) -> float:
-        return self.data_bytes / 1e6 / self.ingest.seconds
+        return self.mbps(self.ingest)
 
     @property
     def ingest_mps(self) -> float:
-        return self.ingest.rows.get("messages", self.records) / self.ingest.seconds
+        return self.mps(self.ingest)
 
 
 def needed_bytes(store: Path, gib: float, with_broker: float) -> int:
@@ -427,17 +502,20 @@ def measure_size(gib: float, args: argparse.Namespace, with_broker: bool) -> Siz
 
     dec_s, records, decoded, findings = decode_all(cl, extents)
     say(f"decode only {decoded / 1e6 / dec_s:.0f} MB/s ({records / dec_s:,.0f} messages/s), {findings} findings")
+    result = SizeResult(gib, data_bytes, records, raw_cold, raw_warm, decoded / 1e6 / dec_s, records / dec_s)
 
     workdir = Path(tempfile.mkdtemp(prefix=f"ingest-{size_label(gib)}g-", dir=args.root))
     try:
-        drop_cache(store)
-        say("spark-submit jobs/ingest_commitlog.py (cold page cache) …")
-        ing = run_ingest(store, workdir / "lake", workdir, args.split_bytes)
-        say(f"ingest {ing.seconds:.1f} s wall, peak RSS {ing.peak_rss / 2**20:.0f} MiB")
-        if ing.rows.get("messages") not in (None, records):
-            say(f"WARNING: messages table got {ing.rows.get('messages')} rows, decode saw {records} records")
-        shutil.rmtree(workdir / "lake", ignore_errors=True)
-        result = SizeResult(gib, data_bytes, records, raw_cold, raw_warm, decoded / 1e6 / dec_s, records / dec_s, ing)
+        for master in args.master:
+            drop_cache(store)
+            say(f"spark-submit --master {master} jobs/ingest_commitlog.py (cold page cache) …")
+            ing = run_ingest(store, workdir / "lake", workdir, args.split_bytes, master)
+            say(f"ingest on {master}: {ing.seconds:.1f} s wall, peak RSS {ing.memory.rss / 2**20:.0f} MiB "
+                f"(anonymous {ing.memory.anon / 2**20:.0f} MiB)")
+            if ing.rows.get("messages") not in (None, records):
+                say(f"WARNING: messages table got {ing.rows.get('messages')} rows, decode saw {records} records")
+            shutil.rmtree(workdir / "lake", ignore_errors=True)
+            result.ingests.append(ing)
         if with_broker:
             result.broker = run_broker_path(store, workdir / "broker-lake", workdir,
                                             int(args.broker_max_gib * GIB), args.batch_rows)
@@ -450,32 +528,43 @@ def measure_size(gib: float, args: argparse.Namespace, with_broker: bool) -> Siz
     return result
 
 
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.0f}"
+
+
 def print_size(r: SizeResult) -> None:
-    ing = r.ingest
     print(f"== {r.gib:g} GiB store: {mb(r.data_bytes)} MB of commitlog, {r.records:,} messages")
     print(f"raw read      cold {r.raw_cold:8.0f} MB/s   warm {r.raw_warm:8.0f} MB/s")
     print(f"decode only        {r.decode_mbps:8.0f} MB/s   ({r.decode_mps:,.0f} messages/s, one process, warm)")
-    job = f", job itself {ing.job_seconds:.1f} s" if ing.job_seconds else ""
-    print(f"ingest e2e         {r.ingest_mbps:8.1f} MB/s   ({r.ingest_mps:,.0f} messages/s; "
-          f"{ing.seconds:.1f} s wall incl. JVM start{job}; cold)")
-    if ing.job_seconds:
-        print(f"ingest, job time   {r.data_bytes / 1e6 / ing.job_seconds:8.1f} MB/s   (without spark-submit/JVM start-up)")
-    print("ingest rows        " + ", ".join(f"{k} {v:,}" for k, v in ing.rows.items()))
-    print(f"ingest peak RSS    {ing.peak_rss / 2**20:8.0f} MiB  (process tree: JVM + Python driver/workers, "
-          f"up to {ing.peak_procs} processes)")
+    for ing in r.ingests:
+        job = f", job itself {ing.job_seconds:.1f} s" if ing.job_seconds else ""
+        print(f"ingest e2e         {r.mbps(ing):8.1f} MB/s   ({r.mps(ing):,.0f} messages/s; "
+              f"{ing.seconds:.1f} s wall incl. JVM start{job}; cold; master {ing.master})")
+        if ing.job_seconds:
+            print(f"ingest, job time   {r.data_bytes / 1e6 / ing.job_seconds:8.1f} MB/s   "
+                  f"(without spark-submit/JVM start-up; master {ing.master})")
+        print("ingest rows        " + ", ".join(f"{k} {v:,}" for k, v in ing.rows.items()))
+        where = ("JVM + Python driver/workers" if ing.master == LOCAL_MASTER
+                 else "driver JVM + Python, executor JVMs + their Python workers")
+        print(f"ingest peak memory {mib(ing.memory.rss):>8} MiB RSS, {mib(ing.memory.anon)} MiB anonymous "
+              f"(process tree: {where}, up to {ing.memory.procs} processes; master {ing.master})")
     if r.broker:
         b = r.broker
         print(f"broker path        {b.bytes / 1e6 / b.seconds:8.1f} MB/s   ({b.messages / b.seconds:,.0f} messages/s; "
               f"{b.messages:,} messages, {mb(b.bytes)} MB from {b.queues} queues in {b.seconds:.1f} s; "
-              f"broker start {b.startup_seconds:.1f} s not counted; peak RSS {b.peak_rss / 2**20:.0f} MiB)")
+              f"broker start {b.startup_seconds:.1f} s not counted; peak RSS {mib(b.memory.rss)} MiB)")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 2)[2])
-    ap.add_argument("--sizes-gib", type=float, nargs="+", default=[1.0], metavar="GIB",
-                    help="store sizes in GiB of commitlog (default: 1), e.g. --sizes-gib 1 4 16")
+    ap.add_argument("--sizes-gib", type=float, nargs="+", default=list(DEFAULT_SIZES_GIB), metavar="GIB",
+                    help="store sizes in GiB of commitlog (default: 1 4 16)")
+    ap.add_argument("--master", action="append", metavar="MASTER",
+                    help="Spark master of the ingest runs, e.g. spark://127.0.0.1:7077 for the standalone "
+                         "cluster of `make cluster-up`; repeat it to run the ingest on several "
+                         f"(default: {LOCAL_MASTER})")
     ap.add_argument("--broker-max-gib", type=float, default=1.0,
                     help="GiB of commitlog the broker path pulls at most, on the smallest size (default 1; 0 skips it)")
     ap.add_argument("--body-bytes", type=int, default=1024)
@@ -490,6 +579,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     if any(g <= 0 for g in args.sizes_gib):
         ap.error("--sizes-gib must be > 0")
+    args.master = args.master or [LOCAL_MASTER]
+    for master in args.master:
+        if not re.fullmatch(r"local(\[(\d+|\*)\])?|spark://[^/:\s]+:\d+(,[^/:\s]+:\d+)*", master):
+            ap.error(f"--master {master!r}: expected local[N] or spark://HOST:PORT")
     args.root = args.root.resolve()
     args.root.mkdir(parents=True, exist_ok=True)
     sizes = sorted(set(args.sizes_gib))
@@ -523,11 +616,15 @@ def main(argv: list[str] | None = None) -> int:
     print("== summary")
     ref = results[-1]
     print(f"ingest end to end  {ref.ingest_mbps:8.1f} MB/s   {ref.ingest_mps:,.0f} messages/s   "
-          f"({ref.gib:g} GiB store; goal {GOAL_MBPS:.0f} MB/s: "
+          f"({ref.gib:g} GiB store, {ref.ingest.master}; goal {GOAL_MBPS:.0f} MB/s: "
           f"{'met' if ref.ingest_mbps >= GOAL_MBPS else 'NOT met'}, {ref.ingest_mbps / GOAL_MBPS:.0%} of it)")
+    for ing in ref.ingests[1:]:
+        print(f"ingest end to end  {ref.mbps(ing):8.1f} MB/s   {ref.mps(ing):,.0f} messages/s   "
+              f"({ref.gib:g} GiB store, {ing.master})")
     print(f"decode only        {ref.decode_mbps:8.0f} MB/s   {ref.decode_mps:,.0f} messages/s (one process)")
     print(f"raw read           {ref.raw_cold:8.0f} MB/s cold, {ref.raw_warm:.0f} MB/s warm")
-    print(f"peak memory        {ref.ingest.peak_rss / 2**20:8.0f} MiB (ingest process tree)")
+    print(f"peak memory        {mib(ref.ingest.memory.rss):>8} MiB RSS, {mib(ref.ingest.memory.anon)} MiB anonymous "
+          f"(ingest process tree, {ref.ingest.master})")
     with_b = next((r for r in results if r.broker), None)
     if with_b:
         b = with_b.broker
@@ -535,12 +632,14 @@ def main(argv: list[str] | None = None) -> int:
         ratio = with_b.ingest_mbps / b_mbps if b_mbps else float("inf")
         print(f"ingest / broker path  {ratio:8.1f}x   ({with_b.ingest_mbps:.1f} vs {b_mbps:.1f} MB/s on the "
               f"{with_b.gib:g} GiB store; goal >= {GOAL_RATIO:.0f}x: {'met' if ratio >= GOAL_RATIO else 'NOT met'})")
-    if len(results) > 1:
-        print("size      s/GiB (ingest wall)   s/GiB (job)   peak RSS MiB")
+    if len(results) > 1 or len(args.master) > 1:
+        print("size      master                     MB/s   s/GiB (wall)   s/GiB (job)   peak RSS MiB   peak anon MiB")
         for r in results:
             gib_data = r.data_bytes / GIB
-            job = f"{r.ingest.job_seconds / gib_data:11.1f}" if r.ingest.job_seconds else f"{'-':>11}"
-            print(f"{r.gib:5g} GiB  {r.ingest.seconds / gib_data:18.1f}   {job}   {r.ingest.peak_rss / 2**20:12.0f}")
+            for ing in r.ingests:
+                job = f"{ing.job_seconds / gib_data:11.1f}" if ing.job_seconds else f"{'-':>11}"
+                print(f"{r.gib:5g} GiB  {ing.master:22s} {r.mbps(ing):8.1f}   {ing.seconds / gib_data:12.1f}   {job}   "
+                      f"{mib(ing.memory.rss):>12}   {mib(ing.memory.anon):>13}")
     for msg in skipped:
         print(msg)
     return 0

@@ -295,3 +295,41 @@ def test_body_view_gives_the_same_bodies_without_copying(tmp_path):
     assert set(plain.column("compression").to_pylist()) > {"NONE"}  # some bodies were compressed
     assert viewed.column("body").cast("binary").to_pylist() == plain.column("body").to_pylist()
     assert viewed.drop_columns(["body"]).equals(plain.drop_columns(["body"]))
+
+
+def test_field_gathers_read_zeros_past_the_end_of_the_buffer():
+    """Fields of a record cut off by the end of the buffer (or at a garbage position) read as zero,
+    bytes and records alike, as the walk's findings expect."""
+    import numpy as np
+
+    from broker.store.columnar import _gather, _take
+
+    a = np.frombuffer(bytes(range(1, 11)), np.uint8)  # 10 bytes: 01 02 … 0A
+    pos = np.array([0, 6, 8, 10, 50], np.int64)
+    assert _take(a, pos, ">i4").tolist() == [0x01020304, 0x0708090A, 0x090A0000, 0, 0]
+    assert _gather(a, np.array([7], np.int64), 6).tolist() == [[8, 9, 10, 0, 0, 0]]
+    assert _take(np.zeros(0, np.uint8), np.array([0], np.int64), ">i8").tolist() == [0]
+
+
+@pytest.mark.parametrize("at_end", [False, True])
+def test_views_inline_and_out_of_line_values(at_end):
+    """Binary views of values of 0..40 bytes (inline up to 12, zero padded; longer ones point into
+    the buffer) give back exactly the values, also for values that end at the buffer's last byte."""
+    import numpy as np
+    import pyarrow as pa
+
+    from broker.store.columnar import _views
+
+    values = [bytes((i * 7 + k) % 251 + 1 for k in range(n)) for i, n in enumerate(range(41))]
+    filler = b"\xff" * 16
+    data = filler.join(values) + (b"" if at_end else filler)
+    pos, p = [], 0
+    for v in values:
+        pos.append(p)
+        p += len(v) + len(filler)
+    views = _views(np.frombuffer(data, np.uint8), np.array(pos, np.int64), np.array([len(v) for v in values]))
+    arr = pa.Array.from_buffers(pa.binary_view(), len(values), [None, pa.py_buffer(views), pa.py_buffer(data)])
+    arr.validate(full=True)
+    assert arr.cast(pa.binary()).to_pylist() == values
+    inline = views.reshape(-1, 16)[:13]  # values of 0..12 bytes: length, then the bytes, zero padded
+    assert all(row[4 + n:].tolist() == [0] * (12 - n) for n, row in enumerate(inline))

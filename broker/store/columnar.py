@@ -2,11 +2,12 @@
 
 The hot path of every bulk reader (the inspector, ``verify``, the Spark data source). Per record
 only the start is found in Python (:mod:`broker.store.record_scan`); every field is then gathered for
-all records of a chunk at once with numpy fancy indexing over the mmap, and variable-length fields
-(topic, properties, body) become Arrow *view* arrays that point into the mapped bytes and are
-compacted by Arrow's C++ cast. Properties are split on their separators with numpy over the
-concatenated properties bytes; no per-field Python objects are built except for the rare rows that
-need them (IPv6 host text, compressed bodies, duplicate property names).
+all records of a chunk at once with numpy fancy indexing over an overlapping, unaligned view of the
+mmap (one C-level copy per row and field, or per record header), and variable-length fields (topic,
+properties, body) become Arrow *view* arrays that point into the mapped bytes and are compacted by
+Arrow's C++ cast. Properties are split on their separators by Arrow's string kernels; host strings
+are formatted once per distinct host. No per-field Python objects are built except for the rare rows
+that need them (compressed bodies, duplicate property names).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -68,8 +68,13 @@ _NATIVE = {name: (np.uint8 if _FIXED_V4_DTYPE[name].subdtype else _FIXED_V4_DTYP
 _V4_MASK = np.array([1, 1, 1, 1] + [0] * 12, dtype=np.uint8)[None, :]
 _WRAPPER_TOPICS = pa.array(sorted(WRAPPER_TOPICS), pa.string())
 _MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
-_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
-_ARANGE12 = np.arange(12, dtype=np.int32)[None, :]
+# per inline value length 0..12: masks keeping the value's bytes of its first 8 and next 4 bytes
+_MASK_FIRST8 = np.array([(1 << 8 * min(k, 8)) - 1 for k in range(13)], dtype=np.uint64)
+_MASK_LAST4 = np.array([(1 << 8 * max(k - 8, 0)) - 1 for k in range(13)], dtype=np.uint64)
+_U32 = np.uint64(32)
+# byte → its two uppercase hex digits, as one little-endian uint16 (first digit in the low byte)
+_HEX_PAIRS = np.array([ord(f"{i:02X}"[0]) | ord(f"{i:02X}"[1]) << 8 for i in range(256)], dtype="<u2")
+_HOST_KEY_BYTES = 24  # address (16) ‖ port (4, little-endian) ‖ IPv6 flag (1) ‖ padding
 _TXN_NAMES = pa.array(TRANSACTION_TYPE_NAMES, pa.string())
 _COMPRESSION_NAMES = pa.array(COMPRESSION_NAMES, pa.string())
 # compression type bits (sysFlag >> 8 & 7) → index into COMPRESSION_NAMES; 0 with the flag = ZLIB
@@ -100,49 +105,67 @@ class DecodeStats:
     blank_at: int | None = None  # position of the segment's BLANK record, if the walk reached it
 
 
-def _gather(a: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    """(n, width) bytes starting at each position, as one row-gather over a sliding-window view
-    (an index per row, not per byte). Bytes past the end of ``a`` read as zero."""
+def _strided(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Every byte position of ``a`` as the start of one ``dtype`` value: an overlapping, unaligned
+    view (stride 1), so one fancy index gathers a whole field (or a whole record header) per row in
+    one C loop, instead of a byte-wise gather over a sliding-window view."""
+    count = a.size - dtype.itemsize + 1
+    return np.ndarray((max(count, 0),), dtype, buffer=a, strides=(1,))
+
+
+def _take(a: np.ndarray, pos: np.ndarray, dtype: np.dtype | str) -> np.ndarray:
+    """The ``dtype`` value starting at each position in ``pos``. Bytes past the end of ``a`` read as
+    zero (a record cut off by the end of the buffer, or a garbage length pointing past it)."""
+    dtype = np.dtype(dtype)
+    if dtype.names:  # records: gather raw bytes (a fast memcpy per row), then reinterpret
+        return _take(a, pos, np.dtype((np.void, dtype.itemsize))).view(dtype)
+    width = dtype.itemsize
     if a.size < width:
         a = np.concatenate([a, np.zeros(width - a.size, np.uint8)])
-    windows = sliding_window_view(a, width)
-    last = windows.shape[0] - 1
-    out = windows[np.minimum(pos, last)]
-    tail = np.flatnonzero(pos > last)
-    if tail.size:  # rows that start within ``width`` bytes of the end: shift and zero-fill
-        shift = np.minimum(pos[tail] - last, width)
-        cols = np.arange(width)[None, :] + shift[:, None]
-        padded = np.concatenate([windows[last], np.zeros(width, np.uint8)])
-        out[tail] = padded[np.minimum(cols, 2 * width - 1)]
+    last = a.size - width  # the last position whose value lies wholly inside ``a``
+    if pos.size == 0 or int(pos.max()) <= last:
+        return _strided(a, dtype)[pos]
+    out = np.empty(pos.size, dtype)
+    inside = pos <= last
+    out[inside] = _strided(a, dtype)[pos[inside]]
+    tail = np.flatnonzero(~inside)
+    padded = np.concatenate([a[last:], np.zeros(width, np.uint8)])  # 2 * width bytes
+    out[tail] = _strided(padded, dtype)[np.minimum(pos[tail] - last, width)]
     return out
 
 
+def _gather(a: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
+    """(n, width) bytes starting at each position (bytes past the end of ``a`` read as zero)."""
+    return _take(a, pos, np.dtype((np.void, width))).view(np.uint8).reshape(pos.size, width)
+
+
 def _be(a: np.ndarray, pos: np.ndarray, dtype: str) -> np.ndarray:
-    width = np.dtype(dtype).itemsize
-    return _gather(a, pos, width).view(dtype).reshape(-1).astype(dtype.replace(">", "<"))
+    return _take(a, pos, dtype).astype(dtype.replace(">", "<"))
 
 
 def _views(a: np.ndarray, pos: np.ndarray, lengths: np.ndarray, buffer_index: int = 0) -> np.ndarray:
     """Arrow binary-view structs (n × 16 bytes) for ``lengths[i]`` bytes at ``pos[i]`` of ``a``.
 
-    Layout: little-endian length, then either the value inline (≤ 12 bytes, zero padded) or a
-    4-byte prefix, the data buffer's index and the offset into it.
+    Layout (two little-endian uint64 words): the length and the value's first 4 bytes, then either
+    the value's next 8 bytes (values ≤ 12 bytes are inline, zero padded) or the data buffer's index
+    and the offset into it. Built from one 8-byte gather per row (and a 4-byte one for inline rows).
     """
     n = pos.size
-    lengths32 = lengths.astype("<i4")
-    head = _gather(a, pos, 12)
-    views = np.empty((n, 16), dtype=np.uint8)
-    views[:, 0:4] = lengths32.view(np.uint8).reshape(n, 4)
-    inline = lengths32 <= 12
-    if inline.all():
-        views[:, 4:16] = head * (_ARANGE12 < lengths32[:, None])
-    else:
-        views[:, 4:8] = head[:, 0:4]
-        views[:, 8:12] = np.array([buffer_index], "<i4").view(np.uint8)
-        views[:, 12:16] = pos.astype("<i4").view(np.uint8).reshape(n, 4)
-        if inline.any():
-            views[inline, 4:16] = head[inline] * (_ARANGE12 < lengths32[inline, None])
-    return views
+    lengths = lengths.astype(np.uint64)
+    head = _take(a, pos, "<u8")  # the value's first 8 bytes (for short values: and what follows)
+    inline = lengths <= 12
+    words = np.empty((n, 2), dtype="<u8")
+    if not inline.any():  # e.g. bodies
+        words[:, 0] = lengths | (head << _U32)
+        words[:, 1] = np.uint64(buffer_index) | (pos.astype(np.uint64) << _U32)
+        return words.view(np.uint8)
+    short = np.minimum(lengths, np.uint64(12))
+    first8 = head & _MASK_FIRST8[short]  # all 8 bytes of any value of 8 bytes or more
+    words[:, 0] = lengths | (first8 << _U32)
+    last4 = _take(a, pos + 8, "<u4").astype(np.uint64) & _MASK_LAST4[short]
+    words[:, 1] = np.where(inline, (first8 >> _U32) | (last4 << _U32),
+                           np.uint64(buffer_index) | (pos.astype(np.uint64) << _U32))
+    return words.view(np.uint8)
 
 
 def _view_array(a: np.ndarray, buf: pa.Buffer, pos: np.ndarray, lengths: np.ndarray,
@@ -166,19 +189,28 @@ def _string_slices(data: np.ndarray, buf: pa.Buffer, starts: np.ndarray, ends: n
 
 
 def _hex_ids(addr: np.ndarray, v6: np.ndarray, port: np.ndarray, phys: np.ndarray) -> pa.Array:
-    """offsetMsgId strings: hex(address ‖ port ‖ offset), 32 chars (IPv4) or 56 (IPv6)."""
+    """offsetMsgId strings: hex(address ‖ port ‖ offset), 32 chars (IPv4) or 56 (IPv6).
+
+    One table lookup turns each byte into its two hex digits (a little-endian uint16 of ASCII)."""
     n = phys.size
+    port_be = port.astype(">i4").view(np.uint8).reshape(n, 4)
+    phys_be = phys.astype(">i8").view(np.uint8).reshape(n, 8)
+    if not v6.any():  # the usual case: fixed 32-char ids, no per-row lengths
+        raw = np.empty((n, 16), dtype=np.uint8)
+        raw[:, 0:4] = addr[:, 0:4]
+        raw[:, 4:8] = port_be
+        raw[:, 8:16] = phys_be
+        offsets = np.arange(0, 32 * (n + 1), 32, dtype=np.int32)
+        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(_HEX_PAIRS[raw])])
     raw = np.zeros((n, 28), dtype=np.uint8)
     v4 = ~v6
     raw[v4, 0:4] = addr[v4, 0:4]
-    raw[v4, 4:8] = port[v4].astype(">i4").view(np.uint8).reshape(-1, 4)
-    raw[v4, 8:16] = phys[v4].astype(">i8").view(np.uint8).reshape(-1, 8)
+    raw[v4, 4:8] = port_be[v4]
+    raw[v4, 8:16] = phys_be[v4]
     raw[v6, 0:16] = addr[v6]
-    raw[v6, 16:20] = port[v6].astype(">i4").view(np.uint8).reshape(-1, 4)
-    raw[v6, 20:28] = phys[v6].astype(">i8").view(np.uint8).reshape(-1, 8)
-    chars = np.empty((n, 56), dtype=np.uint8)
-    chars[:, 0::2] = _HEX[raw >> 4]
-    chars[:, 1::2] = _HEX[raw & 15]
+    raw[v6, 16:20] = port_be[v6]
+    raw[v6, 20:28] = phys_be[v6]
+    chars = _HEX_PAIRS[raw].view(np.uint8)
     lengths = np.where(v6, 56, 32)
     keep = np.arange(56)[None, :] < lengths[:, None]
     data = chars[keep]
@@ -187,18 +219,26 @@ def _hex_ids(addr: np.ndarray, v6: np.ndarray, port: np.ndarray, phys: np.ndarra
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
+def _host_text(key: bytes) -> str:
+    """One ``_host_strings`` key (address ‖ port ‖ IPv6 flag) as 'a.b.c.d:port' or '[v6]:port'."""
+    port = int.from_bytes(key[16:20], "little", signed=True)
+    if key[20]:
+        return f"[{inet_ntop(AF_INET6, key[:16])}]:{port}"
+    return f"{key[0]}.{key[1]}.{key[2]}.{key[3]}:{port}"
+
+
 def _host_strings(addr: np.ndarray, v6: np.ndarray, port: np.ndarray) -> pa.Array:
-    """'a.b.c.d:port' built by Arrow kernels; the rare IPv6 rows formatted one by one."""
-    parts = [pc.cast(pa.array(addr[:, i]), pa.string()) for i in range(4)]
-    text = pc.binary_join_element_wise(*parts, ".")
-    text = pc.binary_join_element_wise(text, pc.cast(pa.array(port), pa.string()), ":")
-    if v6.any():
-        rows = np.flatnonzero(v6)
-        v6_text = [f"[{inet_ntop(AF_INET6, addr[i].tobytes())}]:{int(port[i])}" for i in rows.tolist()]
-        index = np.arange(len(text))
-        index[rows] = len(text) + np.arange(rows.size)
-        text = pa.concat_arrays([text, pa.array(v6_text, pa.string())]).take(pa.array(index))
-    return text
+    """'a.b.c.d:port' or '[v6]:port' per row. A store has few distinct hosts: the (address, port,
+    family) keys are hashed by Arrow, each distinct one is formatted once, and a take spreads them."""
+    n = port.size
+    key = np.zeros((n, _HOST_KEY_BYTES), dtype=np.uint8)
+    key[:, 0:16] = addr
+    key[:, 16:20] = port.astype("<i4").view(np.uint8).reshape(n, 4)
+    key[:, 20] = v6
+    keys = pa.FixedSizeBinaryArray.from_buffers(pa.binary(_HOST_KEY_BYTES), n, [None, pa.py_buffer(key)])
+    enc = pc.dictionary_encode(keys)
+    texts = pa.array([_host_text(k) for k in enc.dictionary.to_pylist()], pa.string())
+    return texts.take(enc.indices)
 
 
 def _take_or_null(values: pa.Array, index: np.ndarray) -> pa.Array:
@@ -308,12 +348,11 @@ def _bodies(mem: memoryview, a: np.ndarray, buf: pa.Buffer, pos: np.ndarray, len
     buffers = [None, None, buf]
     if rows.size:
         plain = []
-        for r in rows.tolist():
-            p, ln = int(pos[r]), int(lengths[r])
+        for p, ln, code, off in zip(pos[rows].tolist(), lengths[rows].tolist(), compression[rows].tolist(),
+                                    phys[rows].tolist()):
             try:
-                plain.append(decompress(mem[p:p + ln], COMPRESSION_NAMES[int(compression[r])]))
+                plain.append(decompress(mem[p:p + ln], COMPRESSION_NAMES[code]))
             except DecompressionError as exc:
-                off = int(phys[r])
                 findings.append(Finding(file_name, off - seg_base, fk.DECOMPRESSION_FAILED,
                                         f"{exc}; body kept as stored", physical_offset=off))
                 plain.append(bytes(mem[p:p + ln]))
@@ -333,7 +372,7 @@ def _fixed_fields(a: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
     One 88-byte gather per record with a big-endian structured dtype covers the usual layout (two
     IPv4 hosts); rows with an IPv6 host (wider host fields) are re-read field by field.
     """
-    rows = _gather(a, starts, _FIXED_V4_SIZE).view(_FIXED_V4_DTYPE).reshape(-1)
+    rows = _take(a, starts, _FIXED_V4_DTYPE)
     f = {name: rows[name].astype(_NATIVE[name]) for name in _FIXED_V4_DTYPE.names}
     born_addr = np.zeros((starts.size, 16), np.uint8)
     store_addr = np.zeros((starts.size, 16), np.uint8)
