@@ -158,6 +158,11 @@ class Connection:
                                   f"{self.peer} within {timeout:g}s") from None
         finally:
             self._pending.pop(cmd.opaque, None)
+            if future.done() and not future.cancelled():
+                # the connection closed while the write was still going: close() failed this
+                # future, but the caller gets the write's ConnectionClosed, so nothing awaits it
+                # (asyncio would log "Future exception was never retrieved" with a traceback)
+                future.exception()
 
     async def send_oneway(self, cmd: RemotingCommand) -> None:
         """Send ``cmd`` with the oneway flag; no response is expected."""
