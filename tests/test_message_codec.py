@@ -11,7 +11,7 @@ from broker.store.commitlog import CommitLog
 from broker.store.constants import BLANK_MAGIC_CODE, signed32
 from broker.store.hosts import Host
 from broker.store.message import BlankRecord, MessageRecord, RecordError, decode_record, record_size
-from broker.store.message_id import UniqKeyGenerator, decode_offset_msg_id, encode_offset_msg_id
+from broker.store.message_id import UniqKeyGenerator, _start_of_month_ms, decode_offset_msg_id, encode_offset_msg_id
 from broker.store.properties import decode_properties, encode_properties
 from tests.golden_fields import expected_row, java_host
 
@@ -106,6 +106,16 @@ def test_uniq_key_layout():
     assert first[:20] == "0A01020310921234ABCD" and len(first) == 32
     assert int(second[-4:], 16) == int(first[-4:], 16) + 1
     assert first[20:28] == second[20:28]
+
+
+def test_uniq_key_late_in_a_month_wraps_as_java_does():
+    """Past 2^31 ms (~24.8 days) into a month Java's ``(int) (now - startTime)`` wraps negative; the
+    key carries the same four bytes (it once raised struct.error from the 25th on)."""
+    gen = UniqKeyGenerator(ip=bytes([10, 1, 2, 3]), pid=1, loader_hash=1)
+    month_start = _start_of_month_ms(1_764_028_800_000)  # 2025-11-25 00:00 UTC
+    now = month_start + 2**31 + 5
+    key = gen.next(now_ms=now)
+    assert key[20:28] == f"{(now - month_start) & 0xFFFFFFFF:08X}" == "80000005"
 
 
 def test_properties_rules():

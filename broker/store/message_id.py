@@ -81,7 +81,9 @@ class UniqKeyGenerator:
             base = self._base(now_ms)
             counter = self._counter
             self._counter = (counter + 1) & 0xFFFF
-        tail = struct.pack(">iH", (now_ms - base) & 0xFFFFFFFF, counter)
+        # Java writes (int) (now - startTime): past ~24.8 days into a month the difference no longer
+        # fits a signed int and wraps; the same four bytes, packed unsigned
+        tail = struct.pack(">IH", (now_ms - base) & 0xFFFFFFFF, counter)
         return self._prefix + tail.hex().upper()
 
 
