@@ -137,11 +137,14 @@ class DeltaArrowWriter(DataSourceArrowWriter):
         self.job_id = uuid.uuid4().hex  # one per write job: names every file the job writes
 
     # ---------------------------------------------------------------------------------- executors
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaCommitMessage:
+    def write(self, iterator: Iterator[pa.RecordBatch], part_id: int | None = None) -> DeltaCommitMessage:
+        """``part_id`` names the files (default: the Spark partition id); a caller that writes several
+        inputs in one Spark task gives each its own."""
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        part_id = ctx.partitionId() if ctx is not None else 0
+        if part_id is None:
+            part_id = ctx.partitionId() if ctx is not None else 0
         attempt = ctx.attemptNumber() if ctx is not None else 0
         # the marker check runs after each file exists: a task still running when the driver
         # aborted (abort writes its marker before it looks for the job's files) sees the marker

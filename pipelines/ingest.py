@@ -39,7 +39,7 @@ from pipelines import commitlog_ranges
 from pipelines.commitlog_ranges import segment_files
 from pipelines.job_args import StoreSpec
 from pipelines.lake import app_version, append_arrow, delta_spark_available, scan_arrow, write_table
-from pipelines.partition_writer import collect_partitions, write_partitions
+from pipelines.partition_writer import PartitionJob, RowsCollect, TableWrite, collect_partitions
 from pipelines.sources import register_sources
 from pipelines.sources.rocketmq import (
     CommitLogFindingsReader,
@@ -105,17 +105,18 @@ def dispatched_end(store: "str | os.PathLike | Location") -> int:
     return StoreFiles(store).dispatched_end()
 
 
-def scan_findings(spark, store: StoreFiles, broker: str, start: int, end: int, run_id: str) -> pa.Table:
-    """Structural findings (corrupt regions, torn tails, bad sizes) of the walk over ``[start, end)``,
-    one Spark task per segment, plus the commitlog's file-level findings on the first run."""
-    reader = CommitLogFindingsReader({**store_source_options(store.location), "brokerName": broker,
-                                      "fromOffset": str(start), "untilOffset": str(end), "ingestRunId": run_id})
-    found = collect_partitions(spark, reader, CORRUPT_RECORDS_SCHEMA)
-    if start == 0:
-        rows = [{"broker_name": broker, "file": f.file, "offset": f.offset, "reason": f"{f.kind}: {f.detail}",
-                 "bytes_skipped": f.bytes_skipped, "ingest_run_id": run_id} for f in store.commitlog_findings()]
-        found = pa.concat_tables([pa.Table.from_pylist(rows, schema=CORRUPT_RECORDS_SCHEMA), found])
-    return found
+def findings_reader(spec: StoreSpec, start: int, end: int, run_id: str) -> CommitLogFindingsReader:
+    """The commitlog walk over ``[start, end)`` for its structural findings (corrupt regions, torn
+    tails, bad sizes), one Spark task per segment."""
+    return CommitLogFindingsReader({**store_source_options(spec.location), "brokerName": spec.name,
+                                    "fromOffset": str(start), "untilOffset": str(end), "ingestRunId": run_id})
+
+
+def file_findings(store: StoreFiles, broker: str, run_id: str) -> pa.Table:
+    """The commitlog's file-level findings (gaps, odd file names), reported by the first run."""
+    rows = [{"broker_name": broker, "file": f.file, "offset": f.offset, "reason": f"{f.kind}: {f.detail}",
+             "bytes_skipped": f.bytes_skipped, "ingest_run_id": run_id} for f in store.commitlog_findings()]
+    return pa.Table.from_pylist(rows, schema=CORRUPT_RECORDS_SCHEMA)
 
 
 def crc_findings(lake: "str | os.PathLike | Location", broker: str, start: int, end: int, run_id: str,
@@ -176,39 +177,58 @@ def ingest_store(spark, spec: StoreSpec, lake: "str | os.PathLike | Location", *
         else:
             summary.rows[name] = int(result.num_rows or 0)
 
-    direct = not delta_spark_available(spark)
-
-    def write_source(name: str, source, options: dict[str, str], stop: int, lo: int, **kwargs) -> None:
-        """Rows of ``source`` with commitlog_offset in ``[lo, stop)`` → table ``name``."""
-        if stop <= marks[name]:
-            summary.skipped.append(name)
-            return
-        options = {**store_source_options(spec.location), "brokerName": spec.name, **options}
-        if direct:  # read and write in the same Python worker (pipelines.partition_writer)
-            options["bodyView"] = "true"  # bodies go to Parquet straight from the split's read buffer
-            reader = source(options).reader(None)
-            record(name, lambda: write_partitions(
-                spark, reader, lake, name, app_id=app_id, app_version=stop,
-                offset_range=("commitlog_offset", lo, stop), label=f"ingest {spec.name} {name}", **kwargs))
-        else:
-            df = (spark.read.options(**options).format(source.name()).load()
+    base = {**store_source_options(spec.location), "brokerName": spec.name}
+    messages_options = {**base, "splitBytes": str(split_bytes), "fromOffset": str(marks[MESSAGES_TABLE]),
+                        "untilOffset": str(end), "ingestRunId": run_id}
+    queue_sources = ((CONSUME_QUEUE, RocketMQConsumeQueueDataSource), (INDEX_ENTRIES, RocketMQIndexDataSource))
+    findings_from = marks[CORRUPT_RECORDS_TABLE]
+    if not delta_spark_available(spark):
+        # delta-rs: the tables' files are written by one Spark job (pipelines.partition_writer), read and
+        # written in the same Python worker; bodies go to Parquet straight from the split's read buffer
+        writes = []
+        if end > marks[MESSAGES_TABLE]:
+            writes.append(TableWrite(RocketMQDataSource({**messages_options, "bodyView": "true"}).reader(None),
+                                     lake, MESSAGES_TABLE, MESSAGES.schema, list(MESSAGES.partition_by), app_id, end,
+                                     ("commitlog_offset", marks[MESSAGES_TABLE], end),
+                                     f"ingest {spec.name} {MESSAGES_TABLE}"))
+        for contract, source in queue_sources:
+            lo = marks[contract.name]
+            if cq_end > lo:
+                writes.append(TableWrite(source(base).reader(None), lake, contract.name,
+                                         contract.schema, list(contract.partition_by), app_id, cq_end,
+                                         ("commitlog_offset", lo, cq_end), f"ingest {spec.name} {contract.name}"))
+        collects = []
+        if end > findings_from:
+            collects.append(RowsCollect(findings_reader(spec, findings_from, end, run_id), CORRUPT_RECORDS_SCHEMA))
+        job = PartitionJob(writes, collects)
+        t0 = time.monotonic()
+        job.run(spark)
+        log.info("ingest %s: files of %s written in %.1f s", spec.name,
+                 ", ".join(w.name for w in writes) or "no table", time.monotonic() - t0)
+        for w in writes:  # committed in this order: a rerun resumes each table from its own mark
+            record(w.name, lambda: job.commit(w.name))
+        walk_findings = job.rows(CORRUPT_RECORDS_SCHEMA)
+    else:
+        for contract, source, stop, lo, extra in (
+                (MESSAGES, RocketMQDataSource, end, marks[MESSAGES_TABLE], messages_options),
+                *((c, src, cq_end, marks[c.name], base) for c, src in queue_sources)):
+            if stop <= lo:
+                continue
+            df = (spark.read.options(**extra).format(source.name()).load()
                   .filter(f"commitlog_offset >= {lo} AND commitlog_offset < {stop}"))
-            record(name, lambda: write_table(df, lake, name, app_id=app_id, app_version=stop, **kwargs))
-
-    if end > marks[MESSAGES_TABLE]:
-        write_source(MESSAGES_TABLE, RocketMQDataSource,
-                     {"splitBytes": str(split_bytes), "fromOffset": str(marks[MESSAGES_TABLE]),
-                      "untilOffset": str(end), "ingestRunId": run_id},
-                     end, marks[MESSAGES_TABLE], partition_by=MESSAGES.partition_by, schema=MESSAGES.schema)
-    for contract, source in ((CONSUME_QUEUE, RocketMQConsumeQueueDataSource), (INDEX_ENTRIES, RocketMQIndexDataSource)):
-        if cq_end > marks[contract.name]:
-            write_source(contract.name, source, {}, cq_end, marks[contract.name], schema=contract.schema,
-                         partition_by=contract.partition_by)
-    if end > marks[CORRUPT_RECORDS_TABLE]:
-        lo = marks[CORRUPT_RECORDS_TABLE]
-        found = pa.concat_tables([scan_findings(spark, store, spec.name, lo, end, run_id),
-                                  crc_findings(lake, spec.name, lo, end, run_id, store)])
-        record(CORRUPT_RECORDS_TABLE, lambda: append_arrow(lake, CORRUPT_RECORDS_TABLE, found, partition_by=CORRUPT_RECORDS.partition_by,
+            record(contract.name, lambda: write_table(df, lake, contract.name, app_id=app_id, app_version=stop,
+                                                      schema=contract.schema, partition_by=contract.partition_by))
+        walk_findings = (collect_partitions(spark, findings_reader(spec, findings_from, end, run_id),
+                                            CORRUPT_RECORDS_SCHEMA) if end > findings_from else None)
+    for name in (MESSAGES_TABLE, CONSUME_QUEUE_TABLE, INDEX_ENTRIES_TABLE):
+        if name not in summary.rows and name not in summary.skipped:
+            summary.skipped.append(name)  # already committed up to this run's end
+    if end > findings_from:
+        if findings_from == 0:
+            walk_findings = pa.concat_tables([file_findings(store, spec.name, run_id), walk_findings])
+        found = pa.concat_tables([walk_findings, crc_findings(lake, spec.name, findings_from, end, run_id, store)])
+        record(CORRUPT_RECORDS_TABLE, lambda: append_arrow(lake, CORRUPT_RECORDS_TABLE, found,
+                                                           partition_by=CORRUPT_RECORDS.partition_by,
                                                            app_id=app_id, app_version=end))
     summary.seconds = time.monotonic() - started
     summary.status = INGEST_SUCCEEDED if summary.rows else INGEST_NOTHING_NEW
@@ -228,5 +248,6 @@ def ingest_store(spark, spec: StoreSpec, lake: "str | os.PathLike | Location", *
 
 def ingest(spark, stores: list[StoreSpec], lake: "str | os.PathLike | Location", *,
            split_bytes: int = DEFAULT_SPLIT_BYTES, until_offset: int | None = None) -> list[RunSummary]:
-    register_sources(spark)
+    if delta_spark_available(spark):  # Spark reads the stores as data sources only on that path
+        register_sources(spark)
     return [ingest_store(spark, spec, lake, split_bytes=split_bytes, until_offset=until_offset) for spec in stores]

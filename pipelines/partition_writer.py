@@ -1,15 +1,17 @@
-"""Read and write in the same Spark task: a data-source reader's partitions straight into Delta files.
+"""Read and write in the same Spark task: data-source readers' partitions straight into Delta files.
 
 Why this exists: ``spark.read.format("rocketmq")…write.format("rocketlake_delta")`` moves every row
 from the reading Python worker into the JVM (Arrow → UnsafeRow) and back out to the writing Python
 worker (UnsafeRow → Arrow). For the messages table, whose bodies are most of the bytes, those two
 hops cost more than decoding and Parquet encoding together. Here Spark only schedules the work:
-``spark.range(n, numPartitions=n).mapInArrow`` runs one task per reader partition, and the task
-calls ``reader.read(partition)`` and hands the batches to :class:`~pipelines.delta_writer.DeltaArrowWriter`
-in the same worker. Only the files' ``add`` actions travel back to the driver, which commits them all
-as ONE Delta transaction (with the app transaction) through :mod:`pipelines.delta_commit`, exactly as
-the data-source writer does. The lake may be a local directory or a URI (``s3://…``) with storage
-options: the tasks write through the table's pickled :class:`~pipelines.storage.Location`.
+``spark.range(n, numPartitions=n).mapInArrow`` runs the tasks, and a task calls
+``reader.read(partition)`` and hands the batches to :class:`~pipelines.delta_writer.DeltaArrowWriter`
+in the same worker. Only the files' ``add`` actions (and small collected rows) travel back to the
+driver, which commits each table as ONE Delta transaction (with the app transaction) through
+:mod:`pipelines.delta_commit`, exactly as the data-source writer does. :class:`PartitionJob` runs
+several tables' writes as one Spark job (the ingest's four inputs); :func:`write_partitions` is the
+one-table case. The lake may be a local directory or a URI (``s3://…``) with storage options: the
+tasks write through the table's pickled :class:`~pipelines.storage.Location`.
 
 Used for the delta-rs engine. With the Delta Spark jar, :func:`pipelines.lake.write_table` on the
 data-source DataFrame is the path (Spark's own ``delta`` writer then does the Parquet encoding).
@@ -22,7 +24,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Iterable, Iterator
 
 import pyarrow as pa
@@ -35,8 +37,6 @@ from pipelines.lake import WriteResult, already_recorded, result_from_outcome, t
 from pipelines.storage import Location
 
 log = logging.getLogger(__name__)
-
-_RESULT_SCHEMA = "commit_message string"
 
 
 def _worker_logging() -> None:
@@ -59,68 +59,186 @@ def _in_range(batch: pa.RecordBatch, column: str, lo: int, hi: int) -> pa.Record
     return batch if pc.all(mask).as_py() else batch.filter(mask)
 
 
+@dataclass
+class TableWrite:
+    """One table's share of a job: every row ``reader`` yields goes to ``<lake>/<name>``.
+
+    ``offset_range=(column, lo, hi)`` keeps the rows with ``lo <= column < hi`` (applied in the task).
+    ``app_id``/``app_version``: as :func:`pipelines.lake.write_table` (skipped when already recorded).
+    ``label`` starts each task's progress line (default: the table name)."""
+
+    reader: DataSourceReader
+    lake: "str | os.PathLike | Location"
+    name: str
+    schema: pa.Schema
+    partition_by: list[str] = field(default_factory=list)
+    app_id: str | None = None
+    app_version: int | None = None
+    offset_range: tuple[str, int, int] | None = None
+    label: str | None = None
+
+
+@dataclass
+class RowsCollect:
+    """A reader whose (few) rows come back to the driver, e.g. the commitlog walk's findings."""
+
+    reader: DataSourceReader
+    schema: pa.Schema
+
+
+class PartitionJob:
+    """Several tables' writes and row collections run as ONE Spark job, then committed table by
+    table in the order the caller chooses (:meth:`commit`).
+
+    Why one job: each Spark job pays its own start and ends with a tail where one core waits for the
+    other's last task. The ingest writes four inputs (commitlog splits, consume queues, index files,
+    the findings walk); as one job of ordered tasks (largest inputs first) the small ones fill the
+    tail of the large, and both cores stay busy to the end. A failed job removes every file it wrote
+    (:meth:`run` raises); files of a table whose commit is never made (the driver killed between two
+    commits) are left unreferenced, as a killed single write leaves them, and never read."""
+
+    def __init__(self, writes: list[TableWrite], collects: list[RowsCollect] = ()) -> None:
+        self.writes = writes
+        self.collects = list(collects)
+        self.results: dict[str, WriteResult] = {}
+        self.messages: dict[str, list[DeltaCommitMessage]] = {}
+        self.writers: dict[str, DeltaArrowWriter] = {}
+        self.collected: list[pa.Table] = []
+        self._tables: dict[str, Location] = {}
+
+    def run(self, spark) -> None:
+        """Write every table's files and collect the rows (nothing is committed yet)."""
+        tasks: list[tuple[int, int, InputPartition]] = []  # (kind, index, partition); kind 0 write, 1 collect
+        totals: dict[int, int] = {}
+        active: list[tuple[int, TableWrite]] = []
+        for i, w in enumerate(self.writes):
+            skipped = already_recorded(w.lake, w.name, w.app_id, w.app_version, "delta-rs")
+            if skipped is not None:
+                self.results[w.name] = skipped
+                continue
+            table = self._tables[w.name] = table_location(w.lake, w.name)
+            self.writers[w.name] = DeltaArrowWriter(
+                table=table, arrow_schema=w.schema, partition_by=list(w.partition_by), overwrite=False,
+                app_id=w.app_id, app_version=w.app_version, result_file=None, custom_metadata=None,
+                rows_per_file=DEFAULT_ROWS_PER_FILE)
+            self.messages[w.name] = []
+            parts = _real_partitions(w.reader)
+            totals[i] = len(parts)
+            active.append((i, w))
+            tasks += [(0, i, p) for p in parts]
+        for j, c in enumerate(self.collects):
+            tasks += [(1, j, p) for p in _real_partitions(c.reader)]
+        # the first write's tasks (the largest: commitlog splits) first, then the collections, then the
+        # other writes' smaller tasks, which fill the last round of the large ones
+        first = active[0][0] if active else None
+        tasks.sort(key=lambda t: 0 if t[0] == 0 and t[1] == first else 1 if t[0] == 1 else 2)  # stable
+        for _, w in active:
+            if self._tables[w.name].is_local:
+                os.makedirs(self._tables[w.name].uri, exist_ok=True)
+        if not tasks:
+            return
+        writes, writers, collects = self.writes, self.writers, self.collects
+        seen: dict[tuple[int, int], int] = {}
+        ordinal: list[int] = []  # partition i/n of its own table, as the progress lines count them
+        for kind, i, _ in tasks:
+            seen[(kind, i)] = seen.get((kind, i), 0) + 1
+            ordinal.append(seen[(kind, i)])
+        # one Spark task per large input; the small ones (queues, index files: tens of ms each, where
+        # a Spark task costs ~50 ms to start here) dealt round robin into one group per core
+        cores = max(1, int(spark.sparkContext.defaultParallelism))
+        n_large = sum(1 for t in tasks if (t[0] == 0 and t[1] == first) or t[0] == 1)
+        small = list(range(n_large, len(tasks)))
+        units = [[k] for k in range(n_large)] + [small[g::cores] for g in range(min(cores, len(small)))]
+
+        def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            _worker_logging()
+            for batch in batches:
+                for index in (k for u in batch.column(0).to_pylist() for k in units[u]):
+                    kind, i, part = tasks[index]
+                    if kind == 1:
+                        sink = pa.BufferOutputStream()
+                        with pa.ipc.new_stream(sink, collects[i].schema) as out:
+                            for rows in collects[i].reader.read(part):
+                                out.write_batch(rows.cast(collects[i].schema) if rows.schema != collects[i].schema
+                                                else rows)
+                        yield _result(kind, i, None, sink.getvalue().to_pybytes())
+                        continue
+                    w = writes[i]
+                    t0 = time.monotonic()
+                    message = writers[w.name].write(_produce(w.reader, part, w.offset_range), part_id=index)
+                    rows = sum(f.num_records for f in message.files)
+                    log.info("%s: partition %d/%d %s: %d rows, %d files in %.1f s", w.label or w.name,
+                             ordinal[index], totals[i], _describe(part), rows, len(message.files),
+                             time.monotonic() - t0)
+                    yield _result(kind, i, json.dumps(asdict(message)), None)
+
+        try:
+            rows = spark.range(0, len(units), 1, len(units)).mapInArrow(task, _RESULT_SCHEMA).toArrow()
+        except BaseException:
+            self.abort()
+            raise
+        rows = pa.table(rows)
+        for kind, i, message, data in zip(*(rows.column(n).to_pylist() for n in ("kind", "index", "commit_message",
+                                                                                  "rows"))):
+            if kind == 1:
+                self.collected.append(pa.ipc.open_stream(data).read_all())
+                continue
+            payload = json.loads(message)
+            files = [AddInfo(**f) for f in payload.pop("files")]
+            self.messages[writes[i].name].append(DeltaCommitMessage(files=files, **payload))
+
+    def commit(self, name: str) -> WriteResult:
+        """Commit table ``name``'s files in one Delta transaction (with its app transaction)."""
+        if name in self.results:
+            return self.results[name]
+        writer = self.writers[name]
+        self.results[name] = result_from_outcome(str(self._tables[name]), writer.finish(self.messages[name]))
+        return self.results[name]
+
+    def abort(self) -> None:
+        """Remove every file of every table of this job (also of tasks that never reported)."""
+        for writer in self.writers.values():
+            writer.abort([])
+
+    def rows(self, schema: pa.Schema) -> pa.Table:
+        """The collected rows (all collections share ``schema``)."""
+        return pa.concat_tables([schema.empty_table(), *(t.cast(schema) for t in self.collected)])
+
+
+_RESULT_SCHEMA = "kind int, index int, commit_message string, rows binary"
+
+
+def _result(kind: int, index: int, message: str | None, rows: bytes | None) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"kind": pa.array([kind], pa.int32()), "index": pa.array([index], pa.int32()),
+                                       "commit_message": pa.array([message], pa.string()),
+                                       "rows": pa.array([rows], pa.binary())})
+
+
+def _real_partitions(reader: DataSourceReader) -> list[InputPartition]:
+    return [p for p in reader.partitions() if type(p) is not InputPartition]  # noqa: E721 (the empty marker)
+
+
+def _produce(reader: DataSourceReader, part: InputPartition,
+             offset_range: tuple[str, int, int] | None) -> Iterator[pa.RecordBatch]:
+    for batch in reader.read(part):
+        if offset_range is not None:
+            batch = _in_range(batch, *offset_range)
+        if batch.num_rows:
+            yield batch
+
+
 def write_partitions(spark, reader: DataSourceReader, lake_dir: str | os.PathLike | Location, name: str, *,
                      schema: pa.Schema, partition_by: Iterable[str] = (),
                      app_id: str | None = None, app_version: int | None = None,
                      offset_range: tuple[str, int, int] | None = None,
                      label: str | None = None) -> WriteResult:
-    """Append every row ``reader`` yields to ``<lake_dir>/<name>`` in one Delta commit (delta-rs).
-
-    ``offset_range=(column, lo, hi)`` keeps the rows with ``lo <= column < hi`` (applied in the task).
-    ``app_id``/``app_version``: as :func:`pipelines.lake.write_table` (skipped when already recorded).
-    Each task logs one progress line: partition i/n, what it covered, rows, seconds.
-    """
-    skipped = already_recorded(lake_dir, name, app_id, app_version, "delta-rs")
-    if skipped is not None:
-        return skipped
-    table = table_location(lake_dir, name)
-    parts = [p for p in reader.partitions() if type(p) is not InputPartition]  # noqa: E721 (the empty marker)
-    if table.is_local:
-        os.makedirs(table.uri, exist_ok=True)
-    return _run(spark, reader, parts, table, schema=schema, partition_by=list(partition_by),
-                app_id=app_id, app_version=app_version, offset_range=offset_range, label=label or name)
-
-
-def _run(spark, reader: DataSourceReader, parts: list[InputPartition], table: Location, *,
-         schema: pa.Schema, partition_by: list[str], app_id: str | None, app_version: int | None,
-         offset_range: tuple[str, int, int] | None, label: str) -> WriteResult:
-    writer = DeltaArrowWriter(table=table, arrow_schema=schema, partition_by=partition_by,
-                              overwrite=False, app_id=app_id, app_version=app_version,
-                              result_file=None, custom_metadata=None,
-                              rows_per_file=DEFAULT_ROWS_PER_FILE)
-    total = len(parts)
-
-    def produce(part: InputPartition) -> Iterator[pa.RecordBatch]:
-        for batch in reader.read(part):
-            if offset_range is not None:
-                batch = _in_range(batch, *offset_range)
-            if batch.num_rows:
-                yield batch
-
-    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        _worker_logging()
-        for batch in batches:
-            for index in batch.column(0).to_pylist():
-                part = parts[index]
-                t0 = time.monotonic()
-                message = writer.write(produce(part))
-                rows = sum(f.num_records for f in message.files)
-                log.info("%s: partition %d/%d %s: %d rows, %d files in %.1f s", label, index + 1, total,
-                         _describe(part), rows, len(message.files), time.monotonic() - t0)
-                yield pa.RecordBatch.from_pydict({"commit_message": [json.dumps(asdict(message))]})
-
-    messages: list[DeltaCommitMessage] = []
-    try:
-        if parts:
-            rows = spark.range(0, total, 1, total).mapInArrow(task, _RESULT_SCHEMA).collect()
-            for row in rows:
-                data = json.loads(row.commit_message)
-                files = [AddInfo(**f) for f in data.pop("files")]
-                messages.append(DeltaCommitMessage(files=files, **data))
-    except BaseException:
-        writer.abort([])  # removes every file of this job, also from tasks that never reported
-        raise
-    return result_from_outcome(str(table), writer.finish(messages))
+    """Append every row ``reader`` yields to ``<lake_dir>/<name>`` in one Delta commit (delta-rs):
+    a :class:`PartitionJob` of one :class:`TableWrite`. Each task logs one progress line:
+    partition i/n, what it covered, rows, seconds."""
+    job = PartitionJob([TableWrite(reader, lake_dir, name, schema, list(partition_by), app_id, app_version,
+                                   offset_range, label)])
+    job.run(spark)
+    return job.commit(name)
 
 
 def collect_partitions(spark, reader: DataSourceReader, schema: pa.Schema) -> pa.Table:

@@ -121,10 +121,12 @@ def test_tables_read_the_same_with_spark_deltalake_and_duckdb(spark, lake):
 
 
 # Killed runs. Each round starts the ingest job as its own process, reads its log as it is written and
-# SIGKILLs the whole process group the moment a chosen write is under way: a condition on the log
-# lines pipelines/partition_writer.py writes per task ("<table>: partition i/n …: R rows") and on the
-# tables' marks (the Delta app transaction ``rocketlake.ingest.<broker>``), never a clock. After the
-# kill the marks show which tables had committed, so each round proves its kill interrupted a write.
+# SIGKILLs the whole process group the moment a chosen point is reached: a condition on the log lines
+# pipelines/partition_writer.py writes per task ("<table>: partition i/n …: R rows"), or the line
+# tests/hold_after_commit.py logs when it holds the job right after one table's commit (the tables'
+# files are written by one Spark job and then committed one after another, milliseconds apart), never
+# a clock. After the kill the marks (the Delta app transaction ``rocketlake.ingest.<broker>``) show
+# which tables had committed, so each round proves where its kill landed.
 
 KILL_BROKER = "broker-a"
 KILL_SPLIT_BYTES = 262_144  # ~19 messages tasks over the golden store's 4.6 MiB commitlog
@@ -139,6 +141,7 @@ NATURAL_KEYS = {
     INGEST_RUNS_TABLE: ["broker_name", "to_offset"],
 }
 PARTITION_LINE = re.compile(rb"\b(\w+): partition (\d+)/(\d+) .*: (\d+) rows")
+HELD_LINE = re.compile(rb"held after (\w+) commit")
 JOB_DEADLINE_S = 300  # a guard against a hung job, never a pass condition
 
 
@@ -154,14 +157,15 @@ def _marks(lake: Path) -> dict[str, int | None]:
 
 @dataclass
 class JobProgress:
-    """What a running job has shown so far: its stderr lines, and per table the partitions it
-    logged as written and how many there are."""
+    """What a running job has shown so far: its stderr lines, per table the partitions it logged as
+    written and how many there are, and the table after whose commit it holds (if it does)."""
 
     lake: Path
     end: int
     lines: list[bytes] = field(default_factory=list)
     written: Counter = field(default_factory=Counter)
     totals: dict[str, int] = field(default_factory=dict)
+    held_after: str | None = None
 
     def see(self, line: bytes) -> None:
         self.lines.append(line)
@@ -170,32 +174,40 @@ class JobProgress:
             table = found.group(1).decode()
             self.written[table] += 1
             self.totals[table] = int(found.group(3))
+        held = HELD_LINE.search(line)
+        if held:
+            self.held_after = held.group(1).decode()
 
     def mid_write(self, table: str) -> bool:
         """Some of ``table``'s partitions are written and some are not (its commit is still ahead)."""
         return 0 < self.written[table] < self.totals[table]
 
     def committed(self, table: str) -> bool:
-        """This run wrote partitions of ``table`` and its mark has reached the run's end."""
-        return self.written[table] > 0 and _mark(self.lake, table) == self.end
+        """The job holds right after committing ``table``, and the table's mark is the run's end."""
+        return self.held_after == table and _mark(self.lake, table) == self.end
 
     def tail(self, n: int = 40) -> str:
         return b"\n".join(self.lines[-n:]).decode("utf-8", "replace")
 
 
-KILL_WHEN: dict[str, Callable[[JobProgress], bool]] = {
-    "mid-messages": lambda p: p.mid_write(MESSAGES_TABLE),
-    "messages committed": lambda p: p.committed(MESSAGES_TABLE),  # the rest of the run is ahead
-    "mid-index_entries": lambda p: p.mid_write(INDEX_ENTRIES_TABLE),
-    "index_entries committed": lambda p: p.committed(INDEX_ENTRIES_TABLE),  # corrupt_records is being written
+# (condition, the table after whose commit the job is held: None runs it unheld)
+KILL_WHEN: dict[str, tuple[Callable[[JobProgress], bool], str | None]] = {
+    "mid-messages": (lambda p: p.mid_write(MESSAGES_TABLE), None),
+    # the other tables' files are written, their commits are ahead
+    "messages committed": (lambda p: p.committed(MESSAGES_TABLE), MESSAGES_TABLE),
+    "consume_queue committed": (lambda p: p.committed(CONSUME_QUEUE_TABLE), CONSUME_QUEUE_TABLE),
+    # corrupt_records is ahead
+    "index_entries committed": (lambda p: p.committed(INDEX_ENTRIES_TABLE), INDEX_ENTRIES_TABLE),
 }
 
 
-def _job_cmd(store: Path, lake: Path, until: int | None) -> list[str]:
+def _job_cmd(store: Path, lake: Path, until: int | None, hold_after: str | None = None) -> list[str]:
     repo = Path(__file__).resolve().parents[1]
-    return ([sys.executable, str(repo / "jobs" / "ingest_commitlog.py"), "--store", f"{KILL_BROKER}={store}",
-             "--lake", str(lake), "--master", "local[1]", "--split-bytes", str(KILL_SPLIT_BYTES)]
-            + (["--until-offset", str(until)] if until is not None else []))
+    args = (["--store", f"{KILL_BROKER}={store}", "--lake", str(lake), "--master", "local[1]",
+             "--split-bytes", str(KILL_SPLIT_BYTES)] + (["--until-offset", str(until)] if until is not None else []))
+    if hold_after is not None:
+        return [sys.executable, str(repo / "tests" / "hold_after_commit.py"), hold_after, *args]
+    return [sys.executable, str(repo / "jobs" / "ingest_commitlog.py"), *args]
 
 
 def _job_env() -> dict[str, str]:
@@ -203,10 +215,11 @@ def _job_env() -> dict[str, str]:
 
 
 def _run_until_killed(store: Path, lake: Path, until: int | None, end: int,
-                      kill_when: Callable[[JobProgress], bool]) -> tuple[JobProgress, int]:
-    """Start the job; SIGKILL its process group as soon as ``kill_when`` holds. Returns what the job
-    had logged and its exit status (-SIGKILL when the kill found it running)."""
-    proc = subprocess.Popen(_job_cmd(store, lake, until), env=_job_env(), stdout=subprocess.DEVNULL,
+                      stage: str) -> tuple[JobProgress, int]:
+    """Start the job; SIGKILL its process group as soon as ``stage``'s condition holds. Returns what
+    the job had logged and its exit status (-SIGKILL when the kill found it running)."""
+    kill_when, hold_after = KILL_WHEN[stage]
+    proc = subprocess.Popen(_job_cmd(store, lake, until, hold_after), env=_job_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
     lines, pump = pump_lines(proc.stderr)
     progress = JobProgress(lake, end)
@@ -274,14 +287,14 @@ def test_killed_runs_then_rerun_leave_no_duplicates_or_gaps(spark, golden_store,
     # (--until-offset, when to kill, the marks the kill leaves: tables not named have none)
     rounds = [
         (cut, "messages committed", {MESSAGES_TABLE: cut}),  # the other tables' writes are ahead
-        (cut, "mid-index_entries", {MESSAGES_TABLE: cut, CONSUME_QUEUE_TABLE: cut}),
+        (cut, "consume_queue committed", {MESSAGES_TABLE: cut, CONSUME_QUEUE_TABLE: cut}),
         (None, "mid-messages", {MESSAGES_TABLE: cut, CONSUME_QUEUE_TABLE: cut}),  # resumed at cut
         (None, "index_entries committed", dict.fromkeys((MESSAGES_TABLE, CONSUME_QUEUE_TABLE, INDEX_ENTRIES_TABLE),
                                                         end)),  # corrupt_records is being written
     ]
     for until, stage, left in rounds:
         run_end = end if until is None else until
-        progress, returncode = _run_until_killed(store, lake, until, run_end, KILL_WHEN[stage])
+        progress, returncode = _run_until_killed(store, lake, until, run_end, stage)
         assert returncode == -signal.SIGKILL, f"{stage}: the job had already ended ({returncode})"
         assert sum(progress.written.values()) >= 1, f"{stage}: no partition written before the kill"
         marks = _marks(lake)

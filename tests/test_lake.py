@@ -200,6 +200,32 @@ def test_footer_stats_equal_recomputed_stats(tmp_path):
     assert len(infos) == 9  # one file per (broker, date) partition
 
 
+def test_dictionaries_only_on_repeated_strings(tmp_path):
+    """A file's string columns get a Parquet dictionary when their values mostly repeat (judged on
+    the first rows): topics and property names yes; ids, keys and property values no."""
+    from pipelines.delta_files import dictionary_columns
+    from pipelines.storage import Location
+
+    n = 1000
+    sample = pa.table({
+        "topic": pa.array([f"t{i % 3}" for i in range(n)]),
+        "msg_id": pa.array([f"id-{i}" for i in range(n)]),
+        "props": pa.array([[("KEYS", f"k{i}"), ("TAGS", "a")] for i in range(n)],
+                          pa.map_(pa.string(), pa.string())),
+        "keys": pa.array([[f"k{i}", f"x{i}"] for i in range(n)], pa.list_(pa.string())),
+        "n": pa.array(range(n), pa.int64()),
+    })
+    assert dictionary_columns(sample) == ["topic", "props.key_value.key"]
+    writer = FileSetWriter(Location.parse(tmp_path / "t"), sample.schema, [], "part-00000-x")
+    writer.write(sample)
+    (info,) = writer.close()
+    meta = pq.ParquetFile(tmp_path / "t" / info.path).metadata.row_group(0)
+    dictionary = {meta.column(i).path_in_schema: meta.column(i).has_dictionary_page for i in range(meta.num_columns)}
+    assert dictionary == {"topic": True, "msg_id": False, "props.key_value.key": True,
+                          "props.key_value.value": False, "keys.list.element": False, "n": False}
+    assert pq.read_table(tmp_path / "t" / info.path).equals(sample)
+
+
 def _df(spark, table: pa.Table, partitions: int = 3):
     return spark.createDataFrame(table).repartition(partitions)
 

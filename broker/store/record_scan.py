@@ -15,10 +15,10 @@ range. Findings therefore never double-count across splits.
 from __future__ import annotations
 
 import struct
-from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
 
 from broker.store import findings as fk
 from broker.store.constants import (
@@ -64,6 +64,37 @@ class ScanResult:
     stop: int = 0
     end_of_data: bool = False
     blank_at: int | None = None
+
+
+_CHAIN_CHUNK = 65_536  # record starts the compiled walk returns per call
+
+
+@njit(cache=True, nogil=True)
+def _walk_chain(a, pos, end, probe_limit, seg_base, data_len, v1, v2, min_size, out):  # pragma: no cover (compiled)
+    """The hot loop, compiled (numba): follow TOTALSIZE from ``pos`` while each record is intact
+    (message magic, PHYSICALOFFSET equal to its own offset, a size that fits), writing the starts
+    to ``out``. Returns (starts written, position reached): the range end, a full ``out``, or the
+    first record that is not intact (classified by the Python walk around it). One Python
+    ``unpack_from`` per record cost a sixth of a split's decode; this is a few ms per 128 MiB."""
+    n = 0
+    cap = out.shape[0]
+    while pos < end and pos <= probe_limit and n < cap:
+        size = (np.int64(a[pos]) << 24) | (np.int64(a[pos + 1]) << 16) | (np.int64(a[pos + 2]) << 8) | np.int64(a[pos + 3])
+        if size >= 2147483648:
+            size -= 4294967296
+        magic = (np.int64(a[pos + 4]) << 24) | (np.int64(a[pos + 5]) << 16) | (np.int64(a[pos + 6]) << 8) | np.int64(a[pos + 7])
+        if magic >= 2147483648:
+            magic -= 4294967296
+        q = pos + 28
+        phys = np.int64(0)
+        for k in range(8):
+            phys = (phys << 8) | np.int64(a[q + k])
+        if (magic != v1 and magic != v2) or phys != seg_base + pos or size < min_size or size > data_len - pos:
+            break
+        out[n] = pos
+        n += 1
+        pos += size
+    return n, pos
 
 
 _SEARCH_WINDOW = 64 * 1024
@@ -135,7 +166,6 @@ def scan_records(buf, seg_base: int, seg_size: int, start: int = 0, end: int | N
     end = data_len if end is None else min(end, data_len)
     if search_first is None:
         search_first = start != 0
-    starts = array("q")
     result = ScanResult(np.empty(0, np.int64), np.empty(0, np.int64), stop=start)
     pos = start
     if search_first:
@@ -146,18 +176,21 @@ def scan_records(buf, seg_base: int, seg_size: int, start: int = 0, end: int | N
         pos = found
     hdr = _HDR.unpack_from
     probe_limit = data_len - _HEADER_PROBE
-    add_start = starts.append
-    v1, v2, min_size = _MAGIC_V1, _MAGIC_V2, MIN_MESSAGE_RECORD_SIZE
+    a = np.frombuffer(buf, np.uint8, data_len) if data_len else np.empty(0, np.uint8)
+    chunks: list[np.ndarray] = []
+    out = np.empty(min(_CHAIN_CHUNK, max(1, (end - pos) // MIN_MESSAGE_RECORD_SIZE + 1)), np.int64)
     last_end = pos
     while pos < end:
-        # the hot loop: one unpack per record (TOTALSIZE, MAGIC, PHYSICALOFFSET)
         if pos <= probe_limit:
-            size, magic, phys = hdr(buf, pos)
-            if (magic == v1 or magic == v2) and phys == seg_base + pos and min_size <= size <= data_len - pos:
-                add_start(pos)
-                pos += size
+            n, pos = _walk_chain(a, pos, end, probe_limit, seg_base, data_len, _MAGIC_V1, _MAGIC_V2,
+                                 MIN_MESSAGE_RECORD_SIZE, out)
+            if n:
+                chunks.append(out[:n].copy())
                 last_end = pos
+            if n == out.shape[0] or pos >= end:
                 continue
+        if pos <= probe_limit:
+            size, magic, phys = hdr(buf, pos)  # the record the compiled walk stopped at
         elif pos + BLANK_HEADER_SIZE <= data_len:
             size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
             phys = None
@@ -196,8 +229,8 @@ def scan_records(buf, seg_base: int, seg_size: int, start: int = 0, end: int | N
     if data_len < seg_size and not result.end_of_data and pos >= data_len:
         result.end_of_data = True
     result.stop = min(pos, seg_size)
-    if len(starts):
-        result.starts = np.frombuffer(starts, dtype=np.int64)
+    if chunks:
+        result.starts = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
         result.sizes = np.diff(result.starts, append=last_end)  # records are back to back
     else:
         result.starts = result.sizes = np.empty(0, np.int64)
