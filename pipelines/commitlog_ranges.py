@@ -191,9 +191,6 @@ class RangeBuffer:
             if length > 0:
                 with open(seg.location.uri, "rb") as fh:
                     self._file_map = mmap.mmap(fh.fileno(), length, access=mmap.ACCESS_READ, offset=self.lo)
-                # the whole range is read front to back: have the kernel read it ahead now, so a
-                # cold file's disk reads overlap the decoding of what arrived first
-                self._file_map.madvise(mmap.MADV_WILLNEED)
             self.buf = self._file_map if self._file_map is not None else b""
             self.read_end = self.lo + max(length, 0)
             return

@@ -43,6 +43,7 @@ from pipelines.partition_writer import PartitionJob, RowsCollect, TableWrite, co
 from pipelines.sources import register_sources
 from pipelines.sources.rocketmq import (
     CommitLogFindingsReader,
+    CommitLogSplit,
     RocketMQConsumeQueueDataSource,
     RocketMQDataSource,
     RocketMQIndexDataSource,
@@ -141,6 +142,17 @@ def crc_findings(lake: "str | os.PathLike | Location", broker: str, start: int, 
                      "ingest_run_id": pa.array([run_id] * n, pa.string())}).cast(CORRUPT_RECORDS_SCHEMA)
 
 
+def _split_order(split: CommitLogSplit) -> int:
+    """Messages splits in commitlog order (see :func:`_walk_order`)."""
+    return split.base + split.start
+
+
+def _walk_order(walk: CommitLogSplit) -> int:
+    """A segment's findings walk right after the segment's last messages split, while its pages are
+    still cached: keyed by where the walk ends, after every split that starts in the segment."""
+    return walk.base + walk.end
+
+
 def _mark(lake: "str | os.PathLike | Location", table: str, app_id: str) -> int:
     return app_version(lake, table, app_id) or 0
 
@@ -190,7 +202,7 @@ def ingest_store(spark, spec: StoreSpec, lake: "str | os.PathLike | Location", *
             writes.append(TableWrite(RocketMQDataSource({**messages_options, "bodyView": "true"}).reader(None),
                                      lake, MESSAGES_TABLE, MESSAGES.schema, list(MESSAGES.partition_by), app_id, end,
                                      ("commitlog_offset", marks[MESSAGES_TABLE], end),
-                                     f"ingest {spec.name} {MESSAGES_TABLE}"))
+                                     f"ingest {spec.name} {MESSAGES_TABLE}", order=_split_order))
         for contract, source in queue_sources:
             lo = marks[contract.name]
             if cq_end > lo:
@@ -199,7 +211,8 @@ def ingest_store(spark, spec: StoreSpec, lake: "str | os.PathLike | Location", *
                                          ("commitlog_offset", lo, cq_end), f"ingest {spec.name} {contract.name}"))
         collects = []
         if end > findings_from:
-            collects.append(RowsCollect(findings_reader(spec, findings_from, end, run_id), CORRUPT_RECORDS_SCHEMA))
+            collects.append(RowsCollect(findings_reader(spec, findings_from, end, run_id), CORRUPT_RECORDS_SCHEMA,
+                                        order=_walk_order))
         job = PartitionJob(writes, collects)
         t0 = time.monotonic()
         job.run(spark)

@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -76,14 +76,20 @@ class TableWrite:
     app_version: int | None = None
     offset_range: tuple[str, int, int] | None = None
     label: str | None = None
+    order: Callable[[InputPartition], Any] | None = None
 
 
 @dataclass
 class RowsCollect:
-    """A reader whose (few) rows come back to the driver, e.g. the commitlog walk's findings."""
+    """A reader whose (few) rows come back to the driver, e.g. the commitlog walk's findings.
+
+    ``order``: with the first write's ``order``, the two readers' tasks are run merged by this key
+    (the ingest runs a segment's findings walk right after the segment's messages splits, while its
+    pages are still cached, instead of reading the whole commitlog from disk again at the end)."""
 
     reader: DataSourceReader
     schema: pa.Schema
+    order: Callable[[InputPartition], Any] | None = None
 
 
 class PartitionJob:
@@ -132,6 +138,12 @@ class PartitionJob:
         # other writes' smaller tasks, which fill the last round of the large ones
         first = active[0][0] if active else None
         tasks.sort(key=lambda t: 0 if t[0] == 0 and t[1] == first else 1 if t[0] == 1 else 2)  # stable
+        large = [t for t in tasks if (t[0] == 0 and t[1] == first) or t[0] == 1]
+        by = {(0, first): self.writes[first].order if first is not None else None,
+              **{(1, j): c.order for j, c in enumerate(self.collects)}}
+        if large and all(by[(kind, i)] is not None for kind, i, _ in large):
+            large.sort(key=lambda t: by[(t[0], t[1])](t[2]))  # stable: ties keep writes before collections
+            tasks = large + tasks[len(large):]
         for _, w in active:
             if self._tables[w.name].is_local:
                 os.makedirs(self._tables[w.name].uri, exist_ok=True)
