@@ -111,42 +111,11 @@ class PartitionJob:
         self.writers: dict[str, DeltaArrowWriter] = {}
         self.collected: list[pa.Table] = []
         self._tables: dict[str, Location] = {}
+        self._large = 0
 
     def run(self, spark) -> None:
         """Write every table's files and collect the rows (nothing is committed yet)."""
-        tasks: list[tuple[int, int, InputPartition]] = []  # (kind, index, partition); kind 0 write, 1 collect
-        totals: dict[int, int] = {}
-        active: list[tuple[int, TableWrite]] = []
-        for i, w in enumerate(self.writes):
-            skipped = already_recorded(w.lake, w.name, w.app_id, w.app_version, "delta-rs")
-            if skipped is not None:
-                self.results[w.name] = skipped
-                continue
-            table = self._tables[w.name] = table_location(w.lake, w.name)
-            self.writers[w.name] = DeltaArrowWriter(
-                table=table, arrow_schema=w.schema, partition_by=list(w.partition_by), overwrite=False,
-                app_id=w.app_id, app_version=w.app_version, result_file=None, custom_metadata=None,
-                rows_per_file=DEFAULT_ROWS_PER_FILE)
-            self.messages[w.name] = []
-            parts = _real_partitions(w.reader)
-            totals[i] = len(parts)
-            active.append((i, w))
-            tasks += [(0, i, p) for p in parts]
-        for j, c in enumerate(self.collects):
-            tasks += [(1, j, p) for p in _real_partitions(c.reader)]
-        # the first write's tasks (the largest: commitlog splits) first, then the collections, then the
-        # other writes' smaller tasks, which fill the last round of the large ones
-        first = active[0][0] if active else None
-        tasks.sort(key=lambda t: 0 if t[0] == 0 and t[1] == first else 1 if t[0] == 1 else 2)  # stable
-        large = [t for t in tasks if (t[0] == 0 and t[1] == first) or t[0] == 1]
-        by = {(0, first): self.writes[first].order if first is not None else None,
-              **{(1, j): c.order for j, c in enumerate(self.collects)}}
-        if large and all(by[(kind, i)] is not None for kind, i, _ in large):
-            large.sort(key=lambda t: by[(t[0], t[1])](t[2]))  # stable: ties keep writes before collections
-            tasks = large + tasks[len(large):]
-        for _, w in active:
-            if self._tables[w.name].is_local:
-                os.makedirs(self._tables[w.name].uri, exist_ok=True)
+        tasks, totals = self._plan()
         if not tasks:
             return
         writes, writers, collects = self.writes, self.writers, self.collects
@@ -155,12 +124,7 @@ class PartitionJob:
         for kind, i, _ in tasks:
             seen[(kind, i)] = seen.get((kind, i), 0) + 1
             ordinal.append(seen[(kind, i)])
-        # one Spark task per large input; the small ones (queues, index files: tens of ms each, where
-        # a Spark task costs ~50 ms to start here) dealt round robin into one group per core
-        cores = max(1, int(spark.sparkContext.defaultParallelism))
-        n_large = sum(1 for t in tasks if (t[0] == 0 and t[1] == first) or t[0] == 1)
-        small = list(range(n_large, len(tasks)))
-        units = [[k] for k in range(n_large)] + [small[g::cores] for g in range(min(cores, len(small)))]
+        units = _units(tasks, self._large, max(1, int(spark.sparkContext.defaultParallelism)))
 
         def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             _worker_logging()
@@ -199,6 +163,43 @@ class PartitionJob:
             files = [AddInfo(**f) for f in payload.pop("files")]
             self.messages[writes[i].name].append(DeltaCommitMessage(files=files, **payload))
 
+    def _plan(self) -> tuple[list[tuple[int, int, InputPartition]], dict[int, int]]:
+        """The job's tasks as (kind, index, partition), kind 0 a write and 1 a collection, in the order
+        they run: the first write's (the largest: commitlog splits) and the collections' (merged by
+        their ``order`` keys when all have one), then the other writes' smaller tasks, which fill the
+        last round of the large ones. Also makes the writers; tables already recorded are skipped."""
+        large: list[tuple[int, int, InputPartition]] = []
+        small: list[tuple[int, int, InputPartition]] = []
+        totals: dict[int, int] = {}
+        order_of: dict[tuple[int, int], Callable[[InputPartition], Any] | None] = {}
+        for i, w in enumerate(self.writes):
+            skipped = already_recorded(w.lake, w.name, w.app_id, w.app_version, "delta-rs")
+            if skipped is not None:
+                self.results[w.name] = skipped
+                continue
+            table = self._tables[w.name] = table_location(w.lake, w.name)
+            if table.is_local:
+                os.makedirs(table.uri, exist_ok=True)
+            self.writers[w.name] = DeltaArrowWriter(
+                table=table, arrow_schema=w.schema, partition_by=list(w.partition_by), overwrite=False,
+                app_id=w.app_id, app_version=w.app_version, result_file=None, custom_metadata=None,
+                rows_per_file=DEFAULT_ROWS_PER_FILE)
+            self.messages[w.name] = []
+            parts = _real_partitions(w.reader)
+            totals[i] = len(parts)
+            if not order_of:  # the first write that runs
+                order_of[(0, i)] = w.order
+                large.extend((0, i, p) for p in parts)
+            else:
+                small.extend((0, i, p) for p in parts)
+        for j, c in enumerate(self.collects):
+            order_of[(1, j)] = c.order
+            large.extend((1, j, p) for p in _real_partitions(c.reader))
+        if all(order_of[(kind, i)] is not None for kind, i, _ in large):
+            large.sort(key=lambda t: order_of[(t[0], t[1])](t[2]))  # stable: writes first on ties
+        self._large = len(large)
+        return large + small, totals
+
     def commit(self, name: str) -> WriteResult:
         """Commit table ``name``'s files in one Delta transaction (with its app transaction)."""
         if name in self.results:
@@ -215,6 +216,13 @@ class PartitionJob:
     def rows(self, schema: pa.Schema) -> pa.Table:
         """The collected rows (all collections share ``schema``)."""
         return pa.concat_tables([schema.empty_table(), *(t.cast(schema) for t in self.collected)])
+
+
+def _units(tasks: list, n_large: int, cores: int) -> list[list[int]]:
+    """Task indexes per Spark task: one per large input; the small ones (queues, index files: tens of
+    ms each, where a Spark task costs ~50 ms to start here) dealt round robin into one group per core."""
+    small = list(range(n_large, len(tasks)))
+    return [[k] for k in range(n_large)] + [small[g::cores] for g in range(min(cores, len(small)))]
 
 
 _RESULT_SCHEMA = "kind int, index int, commit_message string, rows binary"

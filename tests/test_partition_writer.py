@@ -13,7 +13,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from pipelines.lake import app_version
 from pyspark import cloudpickle
-from pipelines.partition_writer import write_partitions
+from pipelines.partition_writer import PartitionJob, RowsCollect, TableWrite, write_partitions
 
 # the Python workers cannot import this test module: ship its classes by value
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -93,3 +93,23 @@ def test_no_partitions_still_records_the_mark(spark, tmp_path: Path) -> None:
     assert res.committed and res.num_rows == 0
     assert app_version(tmp_path, "t", "a") == 5
     assert DeltaTable(res.path).count() == 0
+
+
+def test_one_job_writes_several_tables_and_collects_rows(spark, tmp_path: Path) -> None:
+    """PartitionJob: two tables' files and a collection from one Spark job (the small second table's
+    partitions grouped into per-core tasks, each still written to its own files); each table is
+    committed on its own, and a table already recorded is skipped without a task."""
+    write_partitions(spark, _wrap(_Reader(1)), tmp_path, "done", schema=SCHEMA, app_id="a", app_version=9)
+    job = PartitionJob(
+        [TableWrite(_wrap(_Reader(4)), tmp_path, "big", SCHEMA, ["part"], "a", 9, order=lambda p: p.value * 10),
+         TableWrite(_wrap(_Reader(6)), tmp_path, "small", SCHEMA, [], "a", 9),
+         TableWrite(_wrap(_Reader(3)), tmp_path, "done", SCHEMA, [], "a", 9)],
+        [RowsCollect(_wrap(_Reader(2)), SCHEMA, order=lambda p: p.value * 10 + 5)])
+    job.run(spark)
+    assert job.commit("big").num_rows == 400 and job.commit("small").num_rows == 600
+    assert job.commit("done").skipped and DeltaTable(os.path.join(tmp_path, "done")).count() == 100
+    assert [r[1] for r in _rows(os.path.join(tmp_path, "big"))] == list(range(400))
+    assert [r[1] for r in _rows(os.path.join(tmp_path, "small"))] == list(range(600))
+    assert len(DeltaTable(os.path.join(tmp_path, "small")).file_uris()) == 6  # one file per partition, none overwritten by a grouped neighbour
+    assert sorted(job.rows(SCHEMA).column("commitlog_offset").to_pylist()) == list(range(200))
+    assert app_version(tmp_path, "big", "a") == app_version(tmp_path, "small", "a") == 9
