@@ -29,6 +29,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 from datetime import datetime, timezone
 
 import pyarrow as pa
@@ -157,6 +158,84 @@ def _mark(lake: "str | os.PathLike | Location", table: str, app_id: str) -> int:
     return app_version(lake, table, app_id) or 0
 
 
+@dataclass
+class _RunPlan:
+    """What one run of one store writes: each table ``[mark, end)`` (consume queue and index entries
+    to ``cq_end``, the dispatcher's progress)."""
+
+    spec: StoreSpec
+    lake: "str | os.PathLike | Location"
+    app_id: str
+    run_id: str
+    marks: dict[str, int]
+    end: int
+    cq_end: int
+    split_bytes: int
+
+    @property
+    def base_options(self) -> dict[str, str]:
+        return {**store_source_options(self.spec.location), "brokerName": self.spec.name}
+
+    @property
+    def messages_options(self) -> dict[str, str]:
+        return {**self.base_options, "splitBytes": str(self.split_bytes),
+                "fromOffset": str(self.marks[MESSAGES_TABLE]), "untilOffset": str(self.end),
+                "ingestRunId": self.run_id}
+
+    def findings_reader(self) -> CommitLogFindingsReader | None:
+        lo = self.marks[CORRUPT_RECORDS_TABLE]
+        return findings_reader(self.spec, lo, self.end, self.run_id) if self.end > lo else None
+
+
+_QUEUE_SOURCES = ((CONSUME_QUEUE, RocketMQConsumeQueueDataSource), (INDEX_ENTRIES, RocketMQIndexDataSource))
+
+
+def _write_direct(spark, plan: _RunPlan, record: Callable[[str, Callable], None]) -> pa.Table | None:
+    """delta-rs: the tables' files written by ONE Spark job (pipelines.partition_writer), each task
+    reading and writing in the same Python worker (bodies go to Parquet straight from the split's
+    read buffer), then committed table by table; returns the walk's findings."""
+    spec, marks = plan.spec, plan.marks
+    writes = []
+    if plan.end > marks[MESSAGES_TABLE]:
+        writes.append(TableWrite(RocketMQDataSource({**plan.messages_options, "bodyView": "true"}).reader(None),
+                                 plan.lake, MESSAGES_TABLE, MESSAGES.schema, list(MESSAGES.partition_by),
+                                 plan.app_id, plan.end, ("commitlog_offset", marks[MESSAGES_TABLE], plan.end),
+                                 f"ingest {spec.name} {MESSAGES_TABLE}", order=_split_order))
+    for contract, source in _QUEUE_SOURCES:
+        lo = marks[contract.name]
+        if plan.cq_end > lo:
+            writes.append(TableWrite(source(plan.base_options).reader(None), plan.lake, contract.name,
+                                     contract.schema, list(contract.partition_by), plan.app_id, plan.cq_end,
+                                     ("commitlog_offset", lo, plan.cq_end), f"ingest {spec.name} {contract.name}"))
+    walk = plan.findings_reader()
+    job = PartitionJob(writes, [RowsCollect(walk, CORRUPT_RECORDS_SCHEMA, order=_walk_order)] if walk else [])
+    t0 = time.monotonic()
+    job.run(spark)
+    log.info("ingest %s: files of %s written in %.1f s", spec.name,
+             ", ".join(w.name for w in writes) or "no table", time.monotonic() - t0)
+    for w in writes:  # committed in this order: a rerun resumes each table from its own mark
+        record(w.name, lambda: job.commit(w.name))
+    return job.rows(CORRUPT_RECORDS_SCHEMA) if walk else None
+
+
+def _write_with_delta_spark(spark, plan: _RunPlan, record: Callable[[str, Callable], None]) -> pa.Table | None:
+    """Delta Spark jar: each table from its data source through Spark's ``delta`` writer (one job
+    each); returns the walk's findings."""
+    marks = plan.marks
+    for contract, source, stop, lo, options in (
+            (MESSAGES, RocketMQDataSource, plan.end, marks[MESSAGES_TABLE], plan.messages_options),
+            *((c, src, plan.cq_end, marks[c.name], plan.base_options) for c, src in _QUEUE_SOURCES)):
+        if stop <= lo:
+            continue
+        df = (spark.read.options(**options).format(source.name()).load()
+              .filter(f"commitlog_offset >= {lo} AND commitlog_offset < {stop}"))
+        record(contract.name, lambda: write_table(df, plan.lake, contract.name, app_id=plan.app_id,
+                                                  app_version=stop, schema=contract.schema,
+                                                  partition_by=contract.partition_by))
+    walk = plan.findings_reader()
+    return collect_partitions(spark, walk, CORRUPT_RECORDS_SCHEMA) if walk else None
+
+
 def ingest_store(spark, spec: StoreSpec, lake: "str | os.PathLike | Location", *,
                  split_bytes: int = DEFAULT_SPLIT_BYTES, until_offset: int | None = None) -> RunSummary:
     """One incremental run for one store. A store that lists no commitlog segment raises
@@ -189,50 +268,10 @@ def ingest_store(spark, spec: StoreSpec, lake: "str | os.PathLike | Location", *
         else:
             summary.rows[name] = int(result.num_rows or 0)
 
-    base = {**store_source_options(spec.location), "brokerName": spec.name}
-    messages_options = {**base, "splitBytes": str(split_bytes), "fromOffset": str(marks[MESSAGES_TABLE]),
-                        "untilOffset": str(end), "ingestRunId": run_id}
-    queue_sources = ((CONSUME_QUEUE, RocketMQConsumeQueueDataSource), (INDEX_ENTRIES, RocketMQIndexDataSource))
+    plan = _RunPlan(spec, lake, app_id, run_id, marks, end, cq_end, split_bytes)
+    write = _write_direct if not delta_spark_available(spark) else _write_with_delta_spark
+    walk_findings = write(spark, plan, record)
     findings_from = marks[CORRUPT_RECORDS_TABLE]
-    if not delta_spark_available(spark):
-        # delta-rs: the tables' files are written by one Spark job (pipelines.partition_writer), read and
-        # written in the same Python worker; bodies go to Parquet straight from the split's read buffer
-        writes = []
-        if end > marks[MESSAGES_TABLE]:
-            writes.append(TableWrite(RocketMQDataSource({**messages_options, "bodyView": "true"}).reader(None),
-                                     lake, MESSAGES_TABLE, MESSAGES.schema, list(MESSAGES.partition_by), app_id, end,
-                                     ("commitlog_offset", marks[MESSAGES_TABLE], end),
-                                     f"ingest {spec.name} {MESSAGES_TABLE}", order=_split_order))
-        for contract, source in queue_sources:
-            lo = marks[contract.name]
-            if cq_end > lo:
-                writes.append(TableWrite(source(base).reader(None), lake, contract.name,
-                                         contract.schema, list(contract.partition_by), app_id, cq_end,
-                                         ("commitlog_offset", lo, cq_end), f"ingest {spec.name} {contract.name}"))
-        collects = []
-        if end > findings_from:
-            collects.append(RowsCollect(findings_reader(spec, findings_from, end, run_id), CORRUPT_RECORDS_SCHEMA,
-                                        order=_walk_order))
-        job = PartitionJob(writes, collects)
-        t0 = time.monotonic()
-        job.run(spark)
-        log.info("ingest %s: files of %s written in %.1f s", spec.name,
-                 ", ".join(w.name for w in writes) or "no table", time.monotonic() - t0)
-        for w in writes:  # committed in this order: a rerun resumes each table from its own mark
-            record(w.name, lambda: job.commit(w.name))
-        walk_findings = job.rows(CORRUPT_RECORDS_SCHEMA)
-    else:
-        for contract, source, stop, lo, extra in (
-                (MESSAGES, RocketMQDataSource, end, marks[MESSAGES_TABLE], messages_options),
-                *((c, src, cq_end, marks[c.name], base) for c, src in queue_sources)):
-            if stop <= lo:
-                continue
-            df = (spark.read.options(**extra).format(source.name()).load()
-                  .filter(f"commitlog_offset >= {lo} AND commitlog_offset < {stop}"))
-            record(contract.name, lambda: write_table(df, lake, contract.name, app_id=app_id, app_version=stop,
-                                                      schema=contract.schema, partition_by=contract.partition_by))
-        walk_findings = (collect_partitions(spark, findings_reader(spec, findings_from, end, run_id),
-                                            CORRUPT_RECORDS_SCHEMA) if end > findings_from else None)
     for name in (MESSAGES_TABLE, CONSUME_QUEUE_TABLE, INDEX_ENTRIES_TABLE):
         if name not in summary.rows and name not in summary.skipped:
             summary.skipped.append(name)  # already committed up to this run's end
