@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 
 from broker.store import findings as fk
 from broker.store.constants import (
@@ -69,7 +69,17 @@ class ScanResult:
 _CHAIN_CHUNK = 65_536  # record starts the compiled walk returns per call
 
 
-@njit(cache=True, nogil=True)
+# Compiled when this module is imported (from numba's cache after the first time), for the buffers
+# the walk gets: read-only (bytes, file maps) and writable (read buffers). Compiling lazily would
+# stall the first walk of a process by a second or more, e.g. a broker's first dispatch.
+_CHAIN_SIGNATURES = [
+    types.UniTuple(types.int64, 2)(types.Array(types.uint8, 1, "C", readonly=readonly), *[types.int64] * 8,
+                                   types.Array(types.int64, 1, "C"))
+    for readonly in (True, False)
+]
+
+
+@njit(_CHAIN_SIGNATURES, cache=True, nogil=True)
 def _walk_chain(a, pos, end, probe_limit, seg_base, data_len, v1, v2, min_size, out):  # pragma: no cover (compiled)
     """The hot loop, compiled (numba): follow TOTALSIZE from ``pos`` while each record is intact
     (message magic, PHYSICALOFFSET equal to its own offset, a size that fits), writing the starts
