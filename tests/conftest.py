@@ -82,3 +82,18 @@ def s3_server():
     server = start_s3_server()
     yield server
     stop_s3_server(server)
+
+
+@pytest.fixture()
+def failing_df(spark):
+    """30 ids over 3 partitions whose task with id 25 raises ``ValueError("bad row 25")``: a write
+    that fails in an executor, for the "a failed write leaves nothing" tests (local and S3 lakes)."""
+    from pyspark.sql import functions as F
+
+    @F.udf("long")
+    def boom(x):
+        if x == 25:
+            raise ValueError("bad row 25")
+        return x
+
+    return spark.range(0, 30, 1, numPartitions=3).select(boom("id").alias("id"))

@@ -454,18 +454,9 @@ def test_executor_failure_aborts_and_leaves_table_unchanged(spark, lake_dir):
     assert DeltaTable(path).to_pyarrow_table().num_rows == 9
 
 
-def test_upstream_task_failure_through_write_table(spark, lake_dir):
-    from pyspark.sql import functions as F
-
-    @F.udf("long")
-    def boom(x):
-        if x == 25:
-            raise ValueError("bad row 25")
-        return x
-
-    df = spark.range(0, 30, 1, numPartitions=3).select(boom("id").alias("id"))
+def test_upstream_task_failure_through_write_table(failing_df, lake_dir):
     with pytest.raises(Exception, match="bad row 25"):
-        lake.write_table(df, lake_dir, "ids")
+        lake.write_table(failing_df, lake_dir, "ids")
     path = lake.table_path(lake_dir, "ids")
     assert not DeltaTable.is_deltatable(path)
     assert _data_files(path) == set()
