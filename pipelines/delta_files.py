@@ -63,25 +63,10 @@ def _is_string(typ: pa.DataType) -> bool:
     return pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_string_view(typ)
 
 
-def _leaf_columns(field: pa.Field, prefix: str = "") -> Iterator[tuple[str, pa.DataType]]:
-    """(Parquet column path, type) of each leaf, named as pyarrow names them (``m.key_value.key``,
-    ``l.list.element``): a per-column option dict must name leaves, and a leaf it leaves out of
-    ``compression`` would be written uncompressed."""
-    typ, path = field.type, prefix + field.name
-    if pa.types.is_map(typ):
-        yield from _leaf_columns(typ.key_field.with_name("key"), path + ".key_value.")
-        yield from _leaf_columns(typ.item_field.with_name("value"), path + ".key_value.")
-    elif pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
-        yield from _leaf_columns(typ.value_field.with_name("element"), path + ".list.")
-    elif pa.types.is_struct(typ):
-        for child in typ:
-            yield from _leaf_columns(child, path + ".")
-    else:
-        yield path, typ
-
-
 def _leaf_values(array: pa.Array, path: str) -> Iterator[tuple[str, pa.Array]]:
-    """(Parquet column path, values) of each leaf of ``array``, paths as :func:`_leaf_columns` names them."""
+    """(Parquet column path, values) of each leaf of ``array``, named as pyarrow names them
+    (``m.key_value.key``, ``l.list.element``): a per-column option dict must name leaves, and a leaf
+    it leaves out of ``compression`` would be written uncompressed."""
     typ = array.type
     if pa.types.is_map(typ):
         yield from _leaf_values(array.keys, path + ".key_value.key")
@@ -93,6 +78,12 @@ def _leaf_values(array: pa.Array, path: str) -> Iterator[tuple[str, pa.Array]]:
             yield from _leaf_values(array.field(i), path + "." + child.name)
     else:
         yield path, array
+
+
+def _leaf_columns(field: pa.Field) -> Iterator[tuple[str, pa.DataType]]:
+    """(Parquet column path, type) of each leaf of a column (:func:`_leaf_values` of no rows)."""
+    for path, values in _leaf_values(pa.array([], field.type), field.name):
+        yield path, values.type
 
 
 DICTIONARY_MAX_DISTINCT_SHARE = 0.1  # a string column gets a dictionary when at most this share is distinct

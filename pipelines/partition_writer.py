@@ -264,16 +264,6 @@ def write_partitions(spark, reader: DataSourceReader, lake_dir: str | os.PathLik
 def collect_partitions(spark, reader: DataSourceReader, schema: pa.Schema) -> pa.Table:
     """Every row ``reader`` yields, read in parallel by Spark tasks and collected on the driver
     (for small results of a scan over large inputs, e.g. the commitlog walk's findings)."""
-    from schemas.spark import spark_ddl
-
-    parts = [p for p in reader.partitions() if type(p) is not InputPartition]  # noqa: E721 (the empty marker)
-    if not parts:
-        return schema.empty_table()
-
-    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for index in batch.column(0).to_pylist():
-                yield from reader.read(parts[index])
-
-    rows = spark.range(0, len(parts), 1, len(parts)).mapInArrow(task, spark_ddl(schema)).toArrow()
-    return pa.table(rows).select(schema.names).cast(schema)
+    job = PartitionJob([], [RowsCollect(reader, schema)])
+    job.run(spark)
+    return job.rows(schema)

@@ -69,6 +69,17 @@ class ScanResult:
 _CHAIN_CHUNK = 65_536  # record starts the compiled walk returns per call
 
 
+@njit(inline="always")
+def _be_signed(a, pos, width):  # pragma: no cover (compiled)
+    """The big-endian two's-complement integer of ``width`` (4 or 8) bytes at ``pos``."""
+    v = np.int64(0)
+    for k in range(width):
+        v = (v << 8) | np.int64(a[pos + k])
+    if width == 4 and v >= 2147483648:
+        v -= 4294967296
+    return v
+
+
 # Compiled when this module is imported (from numba's cache after the first time), for the buffers
 # the walk gets: read-only (bytes, file maps) and writable (read buffers). Compiling lazily would
 # stall the first walk of a process by a second or more, e.g. a broker's first dispatch.
@@ -89,16 +100,9 @@ def _walk_chain(a, pos, end, probe_limit, seg_base, data_len, v1, v2, min_size, 
     n = 0
     cap = out.shape[0]
     while pos < end and pos <= probe_limit and n < cap:
-        size = (np.int64(a[pos]) << 24) | (np.int64(a[pos + 1]) << 16) | (np.int64(a[pos + 2]) << 8) | np.int64(a[pos + 3])
-        if size >= 2147483648:
-            size -= 4294967296
-        magic = (np.int64(a[pos + 4]) << 24) | (np.int64(a[pos + 5]) << 16) | (np.int64(a[pos + 6]) << 8) | np.int64(a[pos + 7])
-        if magic >= 2147483648:
-            magic -= 4294967296
-        q = pos + 28
-        phys = np.int64(0)
-        for k in range(8):
-            phys = (phys << 8) | np.int64(a[q + k])
+        size = _be_signed(a, pos, 4)
+        magic = _be_signed(a, pos + 4, 4)
+        phys = _be_signed(a, pos + POS_PHYSICAL_OFFSET, 8)
         if (magic != v1 and magic != v2) or phys != seg_base + pos or size < min_size or size > data_len - pos:
             break
         out[n] = pos
