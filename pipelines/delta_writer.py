@@ -140,6 +140,18 @@ class DeltaArrowWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch], part_id: int | None = None) -> DeltaCommitMessage:
         """``part_id`` names the files (default: the Spark partition id); a caller that writes several
         inputs in one Spark task gives each its own."""
+        files = self.task_files(part_id)
+        try:
+            for batch in iterator:
+                files.write(batch)
+        except BaseException:
+            files.discard()
+            raise
+        return files.close()
+
+    def task_files(self, part_id: int | None = None) -> "TaskFiles":
+        """The files of one task, fed batch by batch (a task that writes several tables from one
+        reader keeps one of these per table)."""
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -149,19 +161,10 @@ class DeltaArrowWriter(DataSourceArrowWriter):
         # the marker check runs after each file exists: a task still running when the driver
         # aborted (abort writes its marker before it looks for the job's files) sees the marker
         # and removes its own files
-        files = FileSetWriter(self.table, self.arrow_schema, self.partition_by,
-                              f"part-{part_id:05d}-{self.job_id}-a{attempt}",
-                              rows_per_file=self.rows_per_file, on_new_file=self._raise_if_aborted)
-        try:
-            for batch in iterator:
-                if batch.num_rows:
-                    files.write(pa.Table.from_batches([batch]))
-            done = files.close()
-            self._raise_if_aborted()
-        except BaseException:
-            files.discard()
-            raise
-        return DeltaCommitMessage(job_id=self.job_id, partition_id=part_id, files=done)
+        return TaskFiles(self, part_id, FileSetWriter(self.table, self.arrow_schema, self.partition_by,
+                                                      f"part-{part_id:05d}-{self.job_id}-a{attempt}",
+                                                      rows_per_file=self.rows_per_file,
+                                                      on_new_file=self._raise_if_aborted))
 
     # ------------------------------------------------------------------------------------- driver
     def finish(self, messages: list[DeltaCommitMessage | None]) -> CommitOutcome:
@@ -210,6 +213,32 @@ class DeltaArrowWriter(DataSourceArrowWriter):
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(result, fh)
         os.replace(tmp, self.result_file)
+
+
+class TaskFiles:
+    """One task's files of one table: :meth:`write` batches, then :meth:`close` (the commit message
+    for the driver) or :meth:`discard` (a failed task leaves nothing behind)."""
+
+    def __init__(self, writer: DeltaArrowWriter, part_id: int, files: FileSetWriter) -> None:
+        self.writer = writer
+        self.part_id = part_id
+        self.files = files
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows:
+            self.files.write(pa.Table.from_batches([batch]))
+
+    def close(self) -> DeltaCommitMessage:
+        try:
+            done = self.files.close()
+            self.writer._raise_if_aborted()
+        except BaseException:
+            self.files.discard()
+            raise
+        return DeltaCommitMessage(job_id=self.writer.job_id, partition_id=self.part_id, files=done)
+
+    def discard(self) -> None:
+        self.files.discard()
 
 
 def _expire_markers(marker_dir: Location, keep: str) -> None:

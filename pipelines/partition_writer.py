@@ -10,7 +10,7 @@ in the same worker. Only the files' ``add`` actions (and small collected rows) t
 driver, which commits each table as ONE Delta transaction (with the app transaction) through
 :mod:`pipelines.delta_commit`, exactly as the data-source writer does. :class:`PartitionJob` runs
 several tables' writes as one Spark job (the ingest's four inputs); :func:`write_partitions` is the
-one-table case. The lake may be a local directory or a URI (``s3://…``) with storage options: the
+one-table case. A :class:`FanOutWrite` feeds several tables from one reader (the payload tables). The lake may be a local directory or a URI (``s3://…``) with storage options: the
 tasks write through the table's pickled :class:`~pipelines.storage.Location`.
 
 Used for the delta-rs engine. With the Delta Spark jar, :func:`pipelines.lake.write_table` on the
@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from pipelines.delta_files import DEFAULT_ROWS_PER_FILE, AddInfo
-from pipelines.delta_writer import DeltaArrowWriter, DeltaCommitMessage
+from pipelines.delta_writer import DeltaArrowWriter, DeltaCommitMessage, TaskFiles
 from pipelines.lake import WriteResult, already_recorded, result_from_outcome, table_location
 from pipelines.storage import Location
 
@@ -80,6 +80,39 @@ class TableWrite:
 
 
 @dataclass
+class TableOut:
+    """One table a :class:`FanOutWrite` feeds: rows with ``lo <= column < hi`` (``offset_range``)
+    committed with ``app_version`` (each table resumes from its own mark)."""
+
+    name: str
+    schema: pa.Schema
+    partition_by: list[str] = field(default_factory=list)
+    app_version: int | None = None
+    offset_range: tuple[str, int, int] | None = None
+
+
+@dataclass
+class FanOutWrite:
+    """One reader, several tables: ``reader.read(part)`` yields ``(table name, RecordBatch)`` pairs
+    and each goes to its table's files in the same task (the payload tables of the topics that a
+    commitlog split holds are decoded once, not once per table). Pairs for a table that is not
+    among ``outputs`` (or already recorded) are dropped."""
+
+    reader: DataSourceReader
+    lake: "str | os.PathLike | Location"
+    outputs: list[TableOut]
+    app_id: str | None = None
+    label: str | None = None
+    order: Callable[[InputPartition], Any] | None = None
+
+
+def _fan_out(w: TableWrite) -> FanOutWrite:
+    """A one-table write as the general case (its reader yields bare batches)."""
+    return FanOutWrite(w.reader, w.lake, [TableOut(w.name, w.schema, list(w.partition_by), w.app_version,
+                                                   w.offset_range)], w.app_id, w.label or w.name, w.order)
+
+
+@dataclass
 class RowsCollect:
     """A reader whose (few) rows come back to the driver, e.g. the commitlog walk's findings.
 
@@ -103,8 +136,9 @@ class PartitionJob:
     (:meth:`run` raises); files of a table whose commit is never made (the driver killed between two
     commits) are left unreferenced, as a killed single write leaves them, and never read."""
 
-    def __init__(self, writes: list[TableWrite], collects: list[RowsCollect] = ()) -> None:
-        self.writes = writes
+    def __init__(self, writes: "list[TableWrite | FanOutWrite]", collects: list[RowsCollect] = ()) -> None:
+        self.writes = [w if isinstance(w, FanOutWrite) else _fan_out(w) for w in writes]
+        self.fanned = [isinstance(w, FanOutWrite) for w in writes]  # readers yielding (table, batch)
         self.collects = list(collects)
         self.results: dict[str, WriteResult] = {}
         self.messages: dict[str, list[DeltaCommitMessage]] = {}
@@ -126,6 +160,8 @@ class PartitionJob:
             ordinal.append(seen[(kind, i)])
         units = _units(tasks, self._large, max(1, int(spark.sparkContext.defaultParallelism)))
 
+        fanned = self.fanned
+
         def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             _worker_logging()
             for batch in batches:
@@ -137,16 +173,17 @@ class PartitionJob:
                             for rows in collects[i].reader.read(part):
                                 out.write_batch(rows.cast(collects[i].schema) if rows.schema != collects[i].schema
                                                 else rows)
-                        yield _result(kind, i, None, sink.getvalue().to_pybytes())
+                        yield _result(kind, i, None, None, sink.getvalue().to_pybytes())
                         continue
                     w = writes[i]
                     t0 = time.monotonic()
-                    message = writers[w.name].write(_produce(w.reader, part, w.offset_range), part_id=index)
-                    rows = sum(f.num_records for f in message.files)
-                    log.info("%s: partition %d/%d %s: %d rows, %d files in %.1f s", w.label or w.name,
-                             ordinal[index], totals[i], _describe(part), rows, len(message.files),
+                    done = _write_part(w, fanned[i], part, {o.name: writers[o.name] for o in w.outputs
+                                                            if o.name in writers}, index)
+                    log.info("%s: partition %d/%d %s: %s in %.1f s", w.label or w.outputs[0].name,
+                             ordinal[index], totals[i], _describe(part), _counts(done, fanned[i]),
                              time.monotonic() - t0)
-                    yield _result(kind, i, json.dumps(asdict(message)), None)
+                    for name, message in done.items():
+                        yield _result(kind, i, name, json.dumps(asdict(message)), None)
 
         try:
             rows = spark.range(0, len(units), 1, len(units)).mapInArrow(task, _RESULT_SCHEMA).toArrow()
@@ -154,14 +191,14 @@ class PartitionJob:
             self.abort()
             raise
         rows = pa.table(rows)
-        for kind, i, message, data in zip(*(rows.column(n).to_pylist() for n in ("kind", "index", "commit_message",
-                                                                                  "rows"))):
+        for kind, table, message, data in zip(*(rows.column(n).to_pylist()
+                                                for n in ("kind", "table", "commit_message", "rows"))):
             if kind == 1:
                 self.collected.append(pa.ipc.open_stream(data).read_all())
                 continue
             payload = json.loads(message)
             files = [AddInfo(**f) for f in payload.pop("files")]
-            self.messages[writes[i].name].append(DeltaCommitMessage(files=files, **payload))
+            self.messages[table].append(DeltaCommitMessage(files=files, **payload))
 
     def _plan(self) -> tuple[list[tuple[int, int, InputPartition]], dict[int, int]]:
         """The job's tasks as (kind, index, partition), kind 0 a write and 1 a collection, in the order
@@ -173,21 +210,26 @@ class PartitionJob:
         totals: dict[int, int] = {}
         order_of: dict[tuple[int, int], Callable[[InputPartition], Any] | None] = {}
         for i, w in enumerate(self.writes):
-            skipped = already_recorded(w.lake, w.name, w.app_id, w.app_version, "delta-rs")
-            if skipped is not None:
-                self.results[w.name] = skipped
+            live = 0
+            for out in w.outputs:
+                skipped = already_recorded(w.lake, out.name, w.app_id, out.app_version, "delta-rs")
+                if skipped is not None:
+                    self.results[out.name] = skipped
+                    continue
+                table = self._tables[out.name] = table_location(w.lake, out.name)
+                if table.is_local:
+                    os.makedirs(table.uri, exist_ok=True)
+                self.writers[out.name] = DeltaArrowWriter(
+                    table=table, arrow_schema=out.schema, partition_by=list(out.partition_by), overwrite=False,
+                    app_id=w.app_id, app_version=out.app_version, result_file=None, custom_metadata=None,
+                    rows_per_file=DEFAULT_ROWS_PER_FILE)
+                self.messages[out.name] = []
+                live += 1
+            if not live:
                 continue
-            table = self._tables[w.name] = table_location(w.lake, w.name)
-            if table.is_local:
-                os.makedirs(table.uri, exist_ok=True)
-            self.writers[w.name] = DeltaArrowWriter(
-                table=table, arrow_schema=w.schema, partition_by=list(w.partition_by), overwrite=False,
-                app_id=w.app_id, app_version=w.app_version, result_file=None, custom_metadata=None,
-                rows_per_file=DEFAULT_ROWS_PER_FILE)
-            self.messages[w.name] = []
             parts = _real_partitions(w.reader)
             totals[i] = len(parts)
-            if not order_of:  # the first write that runs
+            if not order_of or w.order is not None:  # the first write that runs, and ordered ones
                 order_of[(0, i)] = w.order
                 large.extend((0, i, p) for p in parts)
             else:
@@ -225,26 +267,54 @@ def _units(tasks: list, n_large: int, cores: int) -> list[list[int]]:
     return [[k] for k in range(n_large)] + [small[g::cores] for g in range(min(cores, len(small)))]
 
 
-_RESULT_SCHEMA = "kind int, index int, commit_message string, rows binary"
+_RESULT_SCHEMA = "kind int, index int, table string, commit_message string, rows binary"
 
 
-def _result(kind: int, index: int, message: str | None, rows: bytes | None) -> pa.RecordBatch:
+def _result(kind: int, index: int, table: str | None, message: str | None, rows: bytes | None) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({"kind": pa.array([kind], pa.int32()), "index": pa.array([index], pa.int32()),
+                                       "table": pa.array([table], pa.string()),
                                        "commit_message": pa.array([message], pa.string()),
                                        "rows": pa.array([rows], pa.binary())})
 
 
+def _counts(done: dict[str, DeltaCommitMessage], fanned: bool) -> str:
+    """``N rows, M files`` (per table for a fan-out) for a task's progress line."""
+    def one(m: DeltaCommitMessage) -> str:
+        return f"{sum(f.num_records for f in m.files)} rows, {len(m.files)} files"
+    if not fanned:
+        return one(next(iter(done.values())))
+    return "; ".join(f"{t} {one(m)}" for t, m in done.items()) or "no rows"
+
+
+def _write_part(w: FanOutWrite, fanned: bool, part: InputPartition, writers: dict[str, DeltaArrowWriter],
+                part_id: int) -> dict[str, DeltaCommitMessage]:
+    """One input of a write into its tables' files (the commit messages by table; a one-table write
+    always reports, even with no rows)."""
+    outs = {o.name: o for o in w.outputs if o.name in writers}
+    single = None if fanned else w.outputs[0].name
+    files: dict[str, TaskFiles] = {} if fanned else {single: writers[single].task_files(part_id)}
+    try:
+        for item in w.reader.read(part):
+            name, batch = (single, item) if single else item
+            out = outs.get(name)
+            if out is None:
+                continue
+            if out.offset_range is not None:
+                batch = _in_range(batch, *out.offset_range)
+            if batch.num_rows:
+                sink = files.get(name)
+                if sink is None:
+                    sink = files[name] = writers[name].task_files(part_id)
+                sink.write(batch)
+        return {name: sink.close() for name, sink in files.items()}
+    except BaseException:
+        for sink in files.values():
+            sink.discard()
+        raise
+
+
 def _real_partitions(reader: DataSourceReader) -> list[InputPartition]:
     return [p for p in reader.partitions() if type(p) is not InputPartition]  # noqa: E721 (the empty marker)
-
-
-def _produce(reader: DataSourceReader, part: InputPartition,
-             offset_range: tuple[str, int, int] | None) -> Iterator[pa.RecordBatch]:
-    for batch in reader.read(part):
-        if offset_range is not None:
-            batch = _in_range(batch, *offset_range)
-        if batch.num_rows:
-            yield batch
 
 
 def write_partitions(spark, reader: DataSourceReader, lake_dir: str | os.PathLike | Location, name: str, *,

@@ -113,6 +113,9 @@ DLQ_MESSAGES = TableContract(
         ("retry_history", pa.list_(RETRY_ATTEMPT_TYPE), "every retry/schedule record of the same original, in order"),
         ("replayed_at", _TS, "when the latest replay that the target confirmed (replay_ledger SENT) was recorded"),
         ("replay_run_id", pa.string(), "that replay's run id (null: never replayed)"),
+        ("original_commitlog_offset", pa.int64(),
+         "commitlog offset of the original on the same broker when still in the store: joins "
+         "messages and the typed payload_<topic> tables (commitlog_offset)"),
     ],
     # day-pruned reads ("what died yesterday") are the common query
     partition_by=("store_date",),

@@ -126,7 +126,8 @@ def _expected_from_store(store: Path) -> tuple[list[dict], dict]:
                                "commitlog_offset": h["commitlog_offset"], "store_time": _ts(h["store_timestamp"]),
                                "reconsume_times": h["reconsume_times"], "delay_level": int(h["props"][PROPERTY_DELAY])}
                               for h in history],
-            "replayed_at": None, "replay_run_id": None})   # no replay_ledger in this lake
+            "replayed_at": None, "replay_run_id": None,   # no replay_ledger in this lake
+            "original_commitlog_offset": original["commitlog_offset"]})
     return rows, by_offset_id
 
 
@@ -331,12 +332,13 @@ def test_edge_cases_from_rows(spark):
     assert (a["original_topic"], a["original_msg_id"], a["msg_id"], a["consumer_group"]) == (
         "TopicA", "UNIQ-A", "B1-00000014", "G1")
     assert (a["first_born_time"], a["original_store_time"]) == (_ts(T0), _ts(T0 + 5))
+    assert a["original_commitlog_offset"] == 0
     assert _attempts(a["retry_history"]) == [(1, SCHEDULE_TOPIC, 10, 3), (1, "%RETRY%G1+TopicA", 11, 3)]
     assert a["time_to_dlq_s"] == 3.0
 
     b = rows["b1", 40]
     assert (b["original_topic"], b["original_msg_id"], b["original_store_time"]) == ("TopicB", "GONE", None)
-    assert b["first_born_time"] == _ts(T0 + 100)  # earliest born among its records
+    assert b["first_born_time"] == _ts(T0 + 100) and b["original_commitlog_offset"] is None  # earliest born among its records
     assert _attempts(b["retry_history"]) == [(1, SCHEDULE_TOPIC, 30, 3), (1, "%RETRY%G1", 31, 3),
                                              (2, "%RETRY%G1", 32, None)]
     assert [h["store_time"] for h in b["retry_history"]] == [_ts(T0 + 2_000), _ts(T0 + 3_000), _ts(T0 + 4_001)]
@@ -346,6 +348,7 @@ def test_edge_cases_from_rows(spark):
     c1, c2 = rows["b1", 70], rows["b1", 90]
     assert c1["original_msg_id"] == c2["original_msg_id"] == orig_c
     assert (c1["first_born_time"], c1["original_store_time"]) == (_ts(T0 + 200), _ts(T0 + 201))
+    assert c1["original_commitlog_offset"] == c2["original_commitlog_offset"] == 50
     assert _attempts(c1["retry_history"]) == [(1, SCHEDULE_TOPIC, 60, 3), (1, "%RETRY%G1", 61, 3)]
     assert _attempts(c2["retry_history"]) == [(1, SCHEDULE_TOPIC, 80, 3), (1, "%RETRY%G1", 81, 3)]
     assert (c1["time_to_dlq_s"], c2["time_to_dlq_s"]) == (10.0, 30.0)
@@ -356,7 +359,8 @@ def test_edge_cases_from_rows(spark):
     assert (d["first_born_time"], d["time_to_dlq_s"], d["uniq_key"]) == (_ts(T0 + 300), 0.5, "UNIQ-D")
 
     e = rows["b2", 70]
-    assert (e["original_msg_id"], e["original_store_time"]) == ("UNIQ-C", _ts(T0 + 401))
+    assert (e["original_msg_id"], e["original_store_time"], e["original_commitlog_offset"]) == (
+        "UNIQ-C", _ts(T0 + 401), 55)
     assert _attempts(e["retry_history"]) == [(1, SCHEDULE_TOPIC, 60, 3), (1, "%RETRY%G1", 61, 3)]
     assert e["time_to_dlq_s"] == 1.0
 

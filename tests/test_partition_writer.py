@@ -13,7 +13,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from pipelines.lake import app_version
 from pyspark import cloudpickle
-from pipelines.partition_writer import PartitionJob, RowsCollect, TableWrite, write_partitions
+from pipelines.partition_writer import FanOutWrite, PartitionJob, RowsCollect, TableOut, TableWrite, write_partitions
 
 # the Python workers cannot import this test module: ship its classes by value
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -113,3 +113,34 @@ def test_one_job_writes_several_tables_and_collects_rows(spark, tmp_path: Path) 
     assert len(DeltaTable(os.path.join(tmp_path, "small")).file_uris()) == 6  # one file per partition, none overwritten by a grouped neighbour
     assert sorted(job.rows(SCHEMA).column("commitlog_offset").to_pylist()) == list(range(200))
     assert app_version(tmp_path, "big", "a") == app_version(tmp_path, "small", "a") == 9
+
+
+class _Routing(_Reader):
+    """Each row of _Reader to table ``even`` or ``odd`` by offset, as (table, batch) pairs; rows of
+    offsets below 7 also to ``sevens`` (a table the job does not write: dropped)."""
+
+    def read(self, partition):
+        import pyarrow.compute as pc
+        for batch in super().read(partition):
+            odd = pc.equal(pc.bit_wise_and(batch.column("commitlog_offset"), 1), 1)
+            yield "even", batch.filter(pc.invert(odd))
+            yield "odd", batch.filter(odd)
+            yield "sevens", batch.filter(pc.equal(pc.divide(batch.column("commitlog_offset"), 7), 0))
+
+
+def test_fan_out_write_feeds_several_tables_from_one_read_each_from_its_own_mark(spark, tmp_path: Path) -> None:
+    """FanOutWrite: one reader's (table, batch) pairs written to their tables' files in the same task;
+    each table filtered by its own offset range and committed with its own version; a table already
+    recorded gets nothing; pairs for tables not in the job are dropped."""
+    write_partitions(spark, _wrap(_Reader(1)), tmp_path, "odd", schema=SCHEMA, app_id="a", app_version=9)
+    job = PartitionJob([FanOutWrite(_wrap(_Routing(4)), tmp_path,
+                                    [TableOut("even", SCHEMA, ["part"], 9, ("commitlog_offset", 100, 400)),
+                                     TableOut("odd", SCHEMA, [], 9, ("commitlog_offset", 0, 400))],
+                                    "a", order=lambda p: p.value)])
+    job.run(spark)
+    even = job.commit("even")
+    assert even.committed and even.num_rows == 150
+    assert [r[1] for r in _rows(os.path.join(tmp_path, "even"))] == list(range(100, 400, 2))
+    assert job.commit("odd").skipped and DeltaTable(os.path.join(tmp_path, "odd")).count() == 100
+    assert not os.path.exists(os.path.join(tmp_path, "sevens"))
+    assert app_version(tmp_path, "even", "a") == 9

@@ -81,7 +81,7 @@ OLD_SPARK_DDL: dict[str, str] = {
         "`original_store_time` TIMESTAMP, `dlq_store_time` TIMESTAMP, `time_to_dlq_s` DOUBLE, "
         "`dlq_commitlog_offset` BIGINT, `store_date` DATE, `retry_history` ARRAY<STRUCT<`attempt`: INT, "
         "`topic`: STRING, `commitlog_offset`: BIGINT, `store_time`: TIMESTAMP, `reconsume_times`: INT, "
-        "`delay_level`: INT>>, `replayed_at` TIMESTAMP, `replay_run_id` STRING"
+        "`delay_level`: INT>>, `replayed_at` TIMESTAMP, `replay_run_id` STRING, `original_commitlog_offset` BIGINT"
     ),
     "dlq_summary": (
         "`store_date` DATE, `broker_name` STRING, `consumer_group` STRING, `original_topic` STRING, "

@@ -21,10 +21,11 @@ Definitions (what the columns of :mod:`schemas.reports` mean here):
 * The *original* is the record stored in ``original_topic`` on the same broker whose offset message
   id equals ``original_msg_id`` (broker send-back) or, failing that, whose ``UNIQ_KEY`` does (client
   fallback, 5.x ids); the earliest such record wins. It gives ``first_born_time`` and
-  ``original_store_time``. When it is gone (commitlog files deleted), ``first_born_time`` is the
+  ``original_store_time`` and ``original_commitlog_offset`` (the key of its ``messages`` row and of
+  its typed ``payload_<topic>`` row). When it is gone (commitlog files deleted), ``first_born_time`` is the
   earliest born time among the retry records and the DLQ record itself (send-back carries the
   original's born time along, so this is exact unless a client resent the message itself) and
-  ``original_store_time`` is null.
+  ``original_store_time`` and ``original_commitlog_offset`` are null.
 * ``retry_history``: every ``%RETRY%<group>`` record and every ``SCHEDULE_TOPIC_XXXX`` record with
   ``REAL_TOPIC = %RETRY%<group>`` (POP retry topics of the group for the original topic included) on
   the same broker with the same original message id, stored before the DLQ record and after the
@@ -193,6 +194,7 @@ def dlq_messages(messages: DataFrame) -> DataFrame:
                             F.least(F.array_min(F.transform(kept, lambda a: a["born_time"])), F.col("dlq_born_time")))
     out = (agg.withColumn("retry_history", history)
            .withColumn("original_store_time", F.col("_o._rstore"))
+           .withColumn("original_commitlog_offset", F.col("_o._roff"))
            .withColumn("first_born_time", first_born))
     out = out.withColumn(
         "time_to_dlq_s", (F.unix_micros("dlq_store_time") - F.unix_micros("first_born_time")) / F.lit(1_000_000.0))
