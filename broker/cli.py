@@ -256,6 +256,21 @@ def cmd_broker_start(args: argparse.Namespace) -> int:
         return EXIT_FINDINGS
 
 
+# ---- schema subcommands -----------------------------------------------------------------------------
+def cmd_schema_infer(args: argparse.Namespace) -> int:
+    from pipelines.payloads.infer import InferError, infer_topic_schema
+    from pipelines.storage import Location, StorageError, parse_storage_options
+
+    try:
+        lake = Location.parse(args.lake, parse_storage_options(args.storage_option))
+        schema = infer_topic_schema(lake, args.topic, args.sample, args.broker)
+    except (InferError, StorageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(schema, indent=2, ensure_ascii=False))
+    return EXIT_OK
+
+
 # ---- Spark jobs -------------------------------------------------------------------------------------
 # rocketlake COMMAND → jobs/<file>.py, run in-process (same options as spark-submit of that file)
 JOB_COMMANDS: dict[str, tuple[str, str]] = {
@@ -347,6 +362,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index-slots", type=_positive,
                    help="index hash slots per file (entries = 4 x slots; default Apache's 5,000,000)")
     p.set_defaults(func=cmd_store_generate)
+
+    schema = sub.add_parser("schema", help="payload schemas of the lake's topics",
+                            description="Tools for the payload declarations (typed per-topic tables).")
+    schsub = schema.add_subparsers(dest="schema_command", required=True, metavar="SUBCOMMAND")
+    p = schsub.add_parser("infer", help="propose a JSON Schema from a topic's message bodies",
+                          description="Reads up to N bodies of TOPIC from the lake's messages table and prints a "
+                                      "JSON Schema for them (types, nullability, nesting) on stdout.")
+    p.add_argument("--lake", required=True, metavar="LAKE_DIR|URI")
+    p.add_argument("--topic", required=True, help="stored topic whose bodies are JSON objects")
+    p.add_argument("--sample", type=_positive, default=1000, metavar="N", help="bodies to read (default 1000)")
+    p.add_argument("--broker", help="only this broker's messages")
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="delta-rs storage option for a remote lake (repeatable)")
+    p.set_defaults(func=cmd_schema_infer)
 
     namesrv = sub.add_parser("namesrv", help="run a RocketMQ name server",
                              description="A name server speaking the RocketMQ remoting protocol (brokers register, "

@@ -40,6 +40,7 @@ from pipelines.storage import Location
 log = logging.getLogger(__name__)
 
 JOB_ID_KEY = "rocketlake.jobId"  # commitInfo key naming the write job of a commit
+SCHEMA_EVOLUTION_KEY = "rocketlake.schemaEvolutionFor"  # commitInfo key of a schema-only commit before a job's
 UNSAFE_RENAME_OPTION = "AWS_S3_ALLOW_UNSAFE_RENAME"
 _TRUE = ("1", "true", "yes", "on")
 
@@ -91,7 +92,9 @@ def commit_files(table: Location, files: Sequence[AddInfo], *, schema: pa.Schema
 
     ``overwrite``: the transaction also removes every current file. ``app_id``/``app_version``:
     skipped (``CommitOutcome.skipped``) when already recorded, else recorded with the data.
-    ``metadata`` goes into the commit info beside ``rocketlake.jobId``. The caller owns the files:
+    ``metadata`` goes into the commit info beside ``rocketlake.jobId``. When ``schema`` adds
+    nullable columns to an existing table's, the table's schema is evolved first
+    (:func:`_evolve_schema`); otherwise ``schema`` only describes a new table. The caller owns the files:
     it deletes them when the outcome is ``skipped`` or this raises (then nothing was committed)."""
     from deltalake.schema import Schema as DeltaSchema
     from deltalake.transaction import (AddAction, CommitProperties, Transaction,
@@ -105,6 +108,8 @@ def commit_files(table: Location, files: Sequence[AddInfo], *, schema: pa.Schema
     reason = skip_reason(dt, app_id, app_version)
     if reason is not None:
         return CommitOutcome(False, True, dt.version(), 0, 0, reason)
+    if dt is not None and _evolve_schema(dt, table, schema, job_id):
+        dt = open_delta(table, missing_ok=False)
     actions = [AddAction(path=f.path, size=f.size, partition_values=f.partition_values,
                          modification_time=f.modification_time, data_change=True, stats=f.stats)
                for f in files]
@@ -135,6 +140,34 @@ def commit_files(table: Location, files: Sequence[AddInfo], *, schema: pa.Schema
                                   f"version {base} (another writer overwrote it: does the store honour "
                                   f"conditional puts? see {__name__})")
     return CommitOutcome(True, False, version, len(files), num_rows)
+
+
+def _evolve_schema(dt, table: Location, schema: pa.Schema, job_id: str) -> bool:
+    """When ``schema`` (the files') adds nullable fields to the table's, top-level or inside structs,
+    and the change is additive (:mod:`pipelines.payloads.evolution`), commit the merged schema
+    first, as its own metadata-only version, and return True. Anything else (the same fields, or a
+    change that is not additive) changes nothing here: the add actions are committed as before.
+
+    Why a separate version: delta-rs's ``create_write_transaction`` commits add actions against the
+    table's current metadata and ignores the schema it is given for an existing table; an empty
+    ``write_deltalake(schema_mode="merge")`` is delta-rs's own way to commit a new schema. The data
+    commit follows, with the app transaction; if it never happens, the table has gained nullable
+    columns and no rows, which a rerun finds already merged."""
+    from deltalake import CommitProperties, write_deltalake
+
+    from pipelines.payloads.evolution import adds_fields, check_evolution
+
+    current = pa.schema(dt.schema().to_arrow())
+    if not adds_fields(current, schema):
+        return False
+    merged = check_evolution(current, schema)
+    write_deltalake(table.delta_uri(), merged.empty_table(), mode="append", schema_mode="merge",
+                    partition_by=list(dt.metadata().partition_columns) or None,
+                    storage_options=table.delta_options(),
+                    commit_properties=CommitProperties(custom_metadata={SCHEMA_EVOLUTION_KEY: job_id}))
+    added = [f.name for f in merged if f.name not in current.names]
+    log.info("%s: schema evolved for job %s (new columns: %s)", table, job_id, ", ".join(added) or "nested only")
+    return True
 
 
 def find_commit(table: Location, after: int, job_id: str) -> int | None:

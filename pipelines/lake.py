@@ -96,6 +96,12 @@ def table_version(lake_dir: str | os.PathLike | Location, name: str) -> int | No
     return None if dt is None else dt.version()
 
 
+def table_schema(lake_dir: str | os.PathLike | Location, name: str) -> pa.Schema | None:
+    """The table's current schema as Arrow, None when it does not exist."""
+    dt = open_table(lake_dir, name)
+    return None if dt is None else pa.schema(dt.schema().to_arrow())
+
+
 def app_version(lake_dir: str | os.PathLike | Location, name: str, app_id: str) -> int | None:
     """Highest ``app_version`` committed for ``app_id`` (the Delta ``txn`` action), None if none."""
     dt = open_table(lake_dir, name)

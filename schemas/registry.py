@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from schemas.contract import TableContract
 from schemas.messages import MESSAGES
+from schemas.payloads import PAYLOAD_QUARANTINE
 from schemas.replay import REPLAY_CONTRACTS
 from schemas.reports import REPORT_CONTRACTS
 from schemas.tables import CONSUME_QUEUE, CORRUPT_RECORDS, INDEX_ENTRIES, INGEST_RUNS
@@ -22,10 +23,14 @@ INGEST_TABLES: tuple[str, ...] = tuple(c.name for c in INGEST_CONTRACTS)
 REPORT_TABLES: tuple[str, ...] = tuple(c.name for c in REPORT_CONTRACTS)
 REPLAY_TABLES: tuple[str, ...] = tuple(c.name for c in REPLAY_CONTRACTS)
 
+# tables written only for declared payload topics (see the module doc)
+PAYLOAD_CONTRACTS: dict[str, TableContract] = {c.name: c for c in (PAYLOAD_QUARANTINE,)}
+PAYLOAD_TABLES: tuple[str, ...] = tuple(PAYLOAD_CONTRACTS)
+
 
 def contract(name: str) -> TableContract:
     """The contract of table ``name``; a KeyError that lists the known tables otherwise."""
-    try:
-        return TABLES[name]
-    except KeyError:
-        raise KeyError(f"no table {name!r}; known: {', '.join(TABLES)}") from None
+    found = TABLES.get(name) or PAYLOAD_CONTRACTS.get(name)
+    if found is None:
+        raise KeyError(f"no table {name!r}; known: {', '.join([*TABLES, *PAYLOAD_CONTRACTS])}") from None
+    return found

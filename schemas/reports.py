@@ -149,6 +149,7 @@ CQ_OFFSET_REPEAT = "cq_offset_repeat"
 CQ_PHY_NOT_INCREASING = "cq_phy_not_increasing"
 INDEX_MISSING_KEY = "index_missing_key"
 DUPLICATE_UNIQ_KEY = "duplicate_uniq_key"
+PAYLOAD_QUARANTINED = "payload_quarantined"
 AUDIT_KINDS: tuple[str, ...] = (
     fk.CRC_MISMATCH,
     fk.CORRUPT_REGION,
@@ -160,6 +161,7 @@ AUDIT_KINDS: tuple[str, ...] = (
     CQ_PHY_NOT_INCREASING,
     INDEX_MISSING_KEY,
     DUPLICATE_UNIQ_KEY,
+    PAYLOAD_QUARANTINED,
 )
 
 AUDIT_FINDINGS = TableContract(

@@ -44,6 +44,10 @@ Finding kinds (:data:`KINDS`) and their rules:
     offset is not above it) and the hash slot the key's chain starts at (``40 + (hash % slots) *
     4``). Presence is checked, not chain reachability: the table keeps no entry numbers. All-zero
     entries (zeroed or never written) are not entries: they neither index nor extend coverage.
+``payload_quarantined``
+    A record of a topic with a declared payload schema whose body did not decode
+    (``payload_quarantine``; the reason is the detail). The record itself is intact and in
+    ``messages``; only its typed row is missing. file/offset: its commitlog file and position.
 ``duplicate_uniq_key``
     A dispatchable record in a user topic whose UNIQ_KEY an earlier record of the same topic
     already has (a producer retry that was stored twice). Retry, DLQ and system topics are left
@@ -94,12 +98,14 @@ from pipelines.job_args import StoreSpec
 from pipelines.storage import Location
 from pipelines.store_files import StoreFiles
 from schemas.messages import MESSAGES_SCHEMA, MESSAGES_TABLE
+from schemas.payloads import PAYLOAD_QUARANTINE_SCHEMA, PAYLOAD_QUARANTINE_TABLE
 from schemas.reports import (
     AUDIT_KINDS,
     CQ_OFFSET_REPEAT,
     CQ_PHY_NOT_INCREASING,
     DUPLICATE_UNIQ_KEY,
     INDEX_MISSING_KEY,
+    PAYLOAD_QUARANTINED,
     AUDIT_FINDINGS_SCHEMA,
     AUDIT_FINDINGS_TABLE,
     TOPIC_DAILY_STATS_SCHEMA,
@@ -303,9 +309,11 @@ class AuditInputs:
     units: object     # consume_queue: broker_name, topic, queue_id, queue_offset, commitlog_offset, size
     entries: object   # index_entries without all-zero entries: broker_name, index_file, key_hash, commitlog_offset
     corrupt: object   # corrupt_records
+    quarantine: object = None  # payload_quarantine: broker_name, commitlog_offset, topic, reason
 
 
-def audit_inputs(messages, consume_queue, index_entries, corrupt_records, broker_names: Iterable[str]) -> AuditInputs:
+def audit_inputs(messages, consume_queue, index_entries, corrupt_records, broker_names: Iterable[str],
+                 payload_quarantine=None) -> AuditInputs:
     """Filter the ingest tables to the brokers and keep only what the checks read."""
     from pyspark.sql import functions as F
 
@@ -320,7 +328,9 @@ def audit_inputs(messages, consume_queue, index_entries, corrupt_records, broker
     entries = index_entries.filter(mine & ~((F.col("key_hash") == 0) & (F.col("commitlog_offset") == 0)
                                             & (F.col("prev_index") == 0))
                                    ).select("broker_name", "index_file", "key_hash", "commitlog_offset")
-    return AuditInputs(records, units, entries, corrupt_records.filter(mine))
+    quarantine = (payload_quarantine.filter(mine).select("broker_name", "commitlog_offset", "topic", "reason")
+                  if payload_quarantine is not None else None)
+    return AuditInputs(records, units, entries, corrupt_records.filter(mine), quarantine)
 
 
 @dataclass(frozen=True)
@@ -388,6 +398,17 @@ def corrupt_region_findings(inputs: AuditInputs):
                     F.format_string("%s (%d bytes skipped)", F.col("reason"), F.col("bytes_skipped"))
                     ).otherwise(F.col("reason"))
     return _finding(rows, CORRUPT_REGION, detail, phy)
+
+
+def quarantine_findings(inputs: AuditInputs, layouts: list[StoreLayout]):
+    """``payload_quarantined``: records whose body did not decode with their topic's declared schema
+    (placed through their ``messages`` row; the quarantine table is small and broadcast)."""
+    from pyspark.sql import functions as F
+
+    placed = inputs.records.join(F.broadcast(inputs.quarantine.select("broker_name", "commitlog_offset", "reason")),
+                                 ["broker_name", "commitlog_offset"])
+    return _finding(_commitlog_location(placed, layouts), PAYLOAD_QUARANTINED, F.col("reason"),
+                    "commitlog_offset", "topic", "queue_id")
 
 
 def queue_findings(inputs: AuditInputs, layouts: list[StoreLayout], bounds: Bounds):
@@ -556,6 +577,8 @@ def audit_findings(inputs: AuditInputs, layouts: Iterable[StoreLayout], run_id: 
         index_findings(inputs, layouts, bounds),
         duplicate_uniq_key_findings(inputs, layouts),
     ]
+    if inputs.quarantine is not None:
+        parts.append(quarantine_findings(inputs, layouts))
     out = parts[0]
     for part in parts[1:]:
         out = out.unionByName(part)
@@ -660,7 +683,7 @@ def run_audit(spark, stores: list[StoreSpec], lake: str | os.PathLike | Location
                           _table_or_empty(spark, lake, CONSUME_QUEUE_TABLE, CONSUME_QUEUE_SCHEMA),
                           _table_or_empty(spark, lake, INDEX_ENTRIES_TABLE, INDEX_ENTRIES_SCHEMA),
                           _table_or_empty(spark, lake, CORRUPT_RECORDS_TABLE, CORRUPT_RECORDS_SCHEMA),
-                          names)
+                          names, _table_or_empty(spark, lake, PAYLOAD_QUARANTINE_TABLE, PAYLOAD_QUARANTINE_SCHEMA))
     findings = _to_arrow(audit_findings(inputs, layouts, run_id, audited_at), AUDIT_FINDINGS_SCHEMA,
                          ["broker_name", "kind", "file", "offset", "detail"])
     stats = _to_arrow(topic_daily_stats(messages, names, run_id), TOPIC_DAILY_STATS_SCHEMA,
