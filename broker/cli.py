@@ -271,6 +271,26 @@ def cmd_schema_infer(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_schema_install(args: argparse.Namespace) -> int:
+    from pipelines.payloads.declarations import install_declarations
+    from pipelines.payloads.errors import PayloadSchemaError
+    from pipelines.storage import Location, StorageError, parse_storage_options
+
+    try:
+        lake = Location.parse(args.lake, parse_storage_options(args.storage_option))
+        from pipelines.ingest import check_payload_schemas
+        from pipelines.payloads.declarations import load_declarations
+
+        check_payload_schemas(lake, load_declarations(args.file))  # refused before anything is copied
+        installed = install_declarations(args.file, lake)
+    except (PayloadSchemaError, StorageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for decl in installed:
+        print(f"{decl.topic}: {decl.format} -> {decl.table_name} ({len(decl.schema)} payload columns)")
+    return EXIT_OK
+
+
 # ---- Spark jobs -------------------------------------------------------------------------------------
 # rocketlake COMMAND → jobs/<file>.py, run in-process (same options as spark-submit of that file)
 JOB_COMMANDS: dict[str, tuple[str, str]] = {
@@ -376,6 +396,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                    help="delta-rs storage option for a remote lake (repeatable)")
     p.set_defaults(func=cmd_schema_infer)
+    p = schsub.add_parser("install", help="check a payload declarations file and install it in the lake",
+                          description="Checks FILE (formats, schema files, table names, and that each payload "
+                                      "table can take its schema: additive changes only) and copies it with its "
+                                      "schema files to LAKE/_rocketlake/, where every ingest run finds it.")
+    p.add_argument("file", metavar="FILE", help="payload_schemas.toml (schema paths relative to it)")
+    p.add_argument("--lake", required=True, metavar="LAKE_DIR|URI")
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="delta-rs storage option for a remote lake (repeatable)")
+    p.set_defaults(func=cmd_schema_install)
 
     namesrv = sub.add_parser("namesrv", help="run a RocketMQ name server",
                              description="A name server speaking the RocketMQ remoting protocol (brokers register, "

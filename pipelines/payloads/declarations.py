@@ -132,6 +132,28 @@ def load_declarations(path: "str | os.PathLike | Location | None" = None, *,
     return parse_declarations(data, where)
 
 
+def install_declarations(source: "str | os.PathLike", lake: "str | os.PathLike | Location") -> Declarations:
+    """Check the declarations file ``source`` and copy it, with the schema files it names, to the
+    lake's own place (:func:`declarations_location`), where every batch and streaming run on the
+    lake finds it. Schema paths must be relative to ``source`` (they stay relative to the copy).
+    Returns the installed declarations; nothing is written when any check fails."""
+    declared = load_declarations(Location.parse(source))
+    target = declarations_location(lake)
+    files = {}
+    for decl in declared:
+        if decl.schema_file is None:
+            continue
+        rel = os.path.relpath(decl.schema_file, os.path.dirname(os.path.abspath(source)))
+        if rel.startswith(".."):
+            raise PayloadSchemaError(f"{source}: topic {decl.topic!r}: schema {decl.schema_file} is outside the "
+                                     "declarations file's directory; give it a relative path below it to install")
+        files[rel] = Location.parse(decl.schema_file).read_bytes()
+    for rel, data in files.items():
+        _beside(target, rel.replace(os.sep, "/")).write_bytes(data)
+    target.write_bytes(Location.parse(source).read_bytes())
+    return load_declarations(target)
+
+
 def parse_declarations(data: bytes, where: Location) -> Declarations:
     """Declarations from the TOML text of the file at ``where`` (schema paths resolve beside it)."""
     try:
