@@ -38,6 +38,8 @@ demo: venv java-check
 	$(BIN)/rocketlake store verify $(DEMO_DIR)/broker-store --message-delay-level "$(DEMO_DELAY_LEVELS)"
 	$(BIN)/rocketlake store queues $(DEMO_DIR)/broker-store --topic Orders
 	$(BIN)/rocketlake store messages $(DEMO_DIR)/broker-store --topic %DLQ%demo-fails --limit 3 --format table
+	@echo "== payload schemas for Orders and Payments (typed tables payload_orders, payload_payments)"
+	$(BIN)/rocketlake schema install pipelines/payloads/demo/payload_schemas.toml --lake $(DEMO_DIR)/lake
 	@echo "== ingest into Delta tables under $(DEMO_DIR)/lake"
 	$(SUBMIT) jobs/ingest_commitlog.py $(DEMO_STORE) 2>$(DEMO_DIR)/ingest.log | grep '^ingest'
 	@echo "== consumer lag (snapshot 2), status, and the lag plot $(DEMO_DIR)/lag.png"
@@ -57,7 +59,11 @@ demo: venv java-check
 	$(BIN)/rocketlake sql --lake $(DEMO_DIR)/lake --saved message_by_key --param key=order-7
 	$(BIN)/rocketlake sql --lake $(DEMO_DIR)/lake --saved lagging_groups
 	$(BIN)/rocketlake sql --lake $(DEMO_DIR)/lake --saved dlq_volume
+	$(BIN)/rocketlake sql --lake $(DEMO_DIR)/lake 'SELECT "order", amount, tags, store_time FROM payload_orders WHERE amount >= 98 ORDER BY "order" LIMIT 5'
+	$(BIN)/rocketlake sql --lake $(DEMO_DIR)/lake --saved dlq_payloads --param payload_table=payload_payments --max-rows 5
 	$(BIN)/rocketlake sql --lake $(DEMO_DIR)/lake --engine datafusion "SELECT run_id, status, planned, sent, selection FROM replay_runs ORDER BY started_at"
+	@echo "== streaming ingest following live traffic (500 msg/s for 10 s): freshness from store to lake"
+	$(BIN)/python benchmarks/freshness.py --rates 500 --seconds 10 --producers 1 --threads 2 --root $(DEMO_DIR)/freshness
 	$(BIN)/rocketlake store generate $(DEMO_DIR)/store --messages 20000 --topics 4 --queues 4 --seed 7 --segment-bytes 4M --index-slots 5000
 	$(BIN)/rocketlake store verify $(DEMO_DIR)/store
 	$(BIN)/rocketlake store queues $(DEMO_DIR)/store
@@ -105,8 +111,9 @@ cluster-down: venv
 #   make bench-ingest BENCH_ARGS="--sizes-gib 0.01 --broker-max-gib 0.01 --root build/bench-smoke"
 #   make bench-replay BENCH_ARGS="--messages 5000"
 #   make bench-sql BENCH_ARGS="--rows 200000 --engines duckdb datafusion"
+#   make bench-freshness BENCH_ARGS="--rates 1000 --seconds 30"
 BENCH_ARGS ?=
-.PHONY: bench-decode bench-broker bench-ingest bench-replay bench-sql
+.PHONY: bench-decode bench-broker bench-ingest bench-replay bench-sql bench-freshness
 
 bench-decode: venv
 	$(BIN)/python benchmarks/decode.py $(BENCH_ARGS)
@@ -122,6 +129,9 @@ bench-replay: venv java-check
 
 bench-sql: venv java-check
 	$(BIN)/python benchmarks/sql.py $(BENCH_ARGS)
+
+bench-freshness: venv java-check
+	$(BIN)/python benchmarks/freshness.py $(BENCH_ARGS)
 
 # ---- Airflow (airflow_dags/): its own virtualenv, because Airflow pins many packages; the project's
 # .venv keeps Spark, and the DAGs run the jobs with .venv's spark-submit. constraints-airflow.txt is

@@ -14,6 +14,10 @@ leaves no duplicates and no gaps (each table resumes from what it really committ
 * ``corrupt_records``: structural findings of the commitlog walk over ``[mark, end)`` plus every
   record whose body CRC does not match.
 * ``ingest_runs``: one row per broker and run.
+* ``payload_<topic>`` / ``payload_quarantine``: the typed bodies of the topics the lake's payload
+  declarations name (:mod:`pipelines.payloads`), for records that start in ``[mark, end)``, from the
+  same splits in the same tasks as ``messages`` (each table from its own mark: a topic declared
+  later is back-filled from the start of the store on its first run).
 
 A store may be a local directory or a URI (``s3://bucket/store``): the driver learns the segments,
 ``dispatched_end`` and the commitlog end through the filesystem (listings and ranged reads,
@@ -39,8 +43,11 @@ from broker.store.constants import COMMITLOG_DIR
 from pipelines import commitlog_ranges
 from pipelines.commitlog_ranges import segment_files
 from pipelines.job_args import StoreSpec
-from pipelines.lake import app_version, append_arrow, delta_spark_available, scan_arrow, write_table
-from pipelines.partition_writer import PartitionJob, RowsCollect, TableWrite, collect_partitions
+from pipelines.lake import app_version, append_arrow, delta_spark_available, scan_arrow, table_schema, write_table
+from pipelines.payloads.evolution import check_evolution
+from pipelines.partition_writer import FanOutWrite, PartitionJob, RowsCollect, TableOut, TableWrite, collect_partitions
+from pipelines.payloads.declarations import Declarations, declarations_location, load_declarations
+from pipelines.payloads.reader import PayloadReader, payload_outputs
 from pipelines.sources import register_sources
 from pipelines.sources.rocketmq import (
     CommitLogFindingsReader,
@@ -121,6 +128,21 @@ def file_findings(store: StoreFiles, broker: str, run_id: str) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=CORRUPT_RECORDS_SCHEMA)
 
 
+def lost_range_findings(broker: str, first: "commitlog_ranges.SegmentFile", since: int, end: int,
+                        run_id: str) -> pa.Table:
+    """A finding for commitlog bytes ``[since, first.base)`` (capped at ``end``) that the broker deleted
+    (retention) before a run ingested them: the lake cannot have them, and it must say so rather than
+    silently resume at the first remaining segment. Named by that segment, at its start."""
+    stop = min(first.base, end)
+    if stop <= since:
+        return CORRUPT_RECORDS_SCHEMA.empty_table()
+    log.warning("ingest %s: commitlog bytes [%d, %d) were deleted before they were ingested", broker, since, stop)
+    return pa.Table.from_pylist([{
+        "broker_name": broker, "file": first.label, "offset": 0,
+        "reason": f"lost_range: commitlog bytes [{since}, {stop}) were deleted before they were ingested",
+        "bytes_skipped": stop - since, "ingest_run_id": run_id}], schema=CORRUPT_RECORDS_SCHEMA)
+
+
 def crc_findings(lake: "str | os.PathLike | Location", broker: str, start: int, end: int, run_id: str,
                  store: StoreFiles) -> pa.Table:
     """A finding per record of ``[start, end)`` in the messages table whose body CRC did not match
@@ -171,6 +193,7 @@ class _RunPlan:
     end: int
     cq_end: int
     split_bytes: int
+    payloads: Declarations | None = None
 
     @property
     def base_options(self) -> dict[str, str]:
@@ -185,6 +208,21 @@ class _RunPlan:
     def findings_reader(self) -> CommitLogFindingsReader | None:
         lo = self.marks[CORRUPT_RECORDS_TABLE]
         return findings_reader(self.spec, lo, self.end, self.run_id) if self.end > lo else None
+
+    def payload_write(self) -> FanOutWrite | None:
+        """The payload tables' fan-out over the commitlog splits from the lowest of their marks
+        (each table keeps only its own ``[mark, end)``), ordered with the messages splits so a
+        split's pages are read while cached; None when nothing is declared or all are current."""
+        if not self.payloads or not len(self.payloads):
+            return None
+        outs = [TableOut(name, schema, partition_by, self.end, ("commitlog_offset", self.marks[name], self.end))
+                for name, schema, partition_by in payload_outputs(self.payloads) if self.end > self.marks[name]]
+        if not outs:
+            return None
+        lo = min(o.offset_range[1] for o in outs)
+        reader = PayloadReader({**self.messages_options, "fromOffset": str(lo)}, self.payloads)
+        return FanOutWrite(reader, self.lake, outs, self.app_id, f"ingest {self.spec.name} payloads",
+                           order=_split_order)
 
 
 _QUEUE_SOURCES = ((CONSUME_QUEUE, RocketMQConsumeQueueDataSource), (INDEX_ENTRIES, RocketMQIndexDataSource))
@@ -203,18 +241,22 @@ def _write_direct(spark, plan: _RunPlan, record: Callable[[str, Callable], None]
                                  f"ingest {spec.name} {MESSAGES_TABLE}", order=_split_order))
     for contract, source in _QUEUE_SOURCES:
         lo = marks[contract.name]
-        if plan.cq_end > lo:
-            writes.append(TableWrite(source(plan.base_options).reader(None), plan.lake, contract.name,
+        if plan.cq_end > lo:  # fromOffset: the index reader skips files wholly below the mark
+            writes.append(TableWrite(source({**plan.base_options, "fromOffset": str(lo)}).reader(None), plan.lake,
+                                     contract.name,
                                      contract.schema, list(contract.partition_by), plan.app_id, plan.cq_end,
                                      ("commitlog_offset", lo, plan.cq_end), f"ingest {spec.name} {contract.name}"))
+    payloads = plan.payload_write()
     walk = plan.findings_reader()
-    job = PartitionJob(writes, [RowsCollect(walk, CORRUPT_RECORDS_SCHEMA, order=_walk_order)] if walk else [])
+    job = PartitionJob(writes + ([payloads] if payloads else []),
+                       [RowsCollect(walk, CORRUPT_RECORDS_SCHEMA, order=_walk_order)] if walk else [])
+    names = [w.name for w in writes] + [o.name for o in payloads.outputs] if payloads else [w.name for w in writes]
     t0 = time.monotonic()
     job.run(spark)
-    log.info("ingest %s: files of %s written in %.1f s", spec.name,
-             ", ".join(w.name for w in writes) or "no table", time.monotonic() - t0)
-    for w in writes:  # committed in this order: a rerun resumes each table from its own mark
-        record(w.name, lambda: job.commit(w.name))
+    log.info("ingest %s: files of %s written in %.1f s", spec.name, ", ".join(names) or "no table",
+             time.monotonic() - t0)
+    for name in names:  # committed in this order: a rerun resumes each table from its own mark
+        record(name, lambda: job.commit(name))
     return job.rows(CORRUPT_RECORDS_SCHEMA) if walk else None
 
 
@@ -232,13 +274,40 @@ def _write_with_delta_spark(spark, plan: _RunPlan, record: Callable[[str, Callab
         record(contract.name, lambda: write_table(df, plan.lake, contract.name, app_id=plan.app_id,
                                                   app_version=stop, schema=contract.schema,
                                                   partition_by=contract.partition_by))
+    payloads = plan.payload_write()
+    if payloads:  # no Spark-side writer for a reader of (table, batch) pairs: delta-rs, as without the jar
+        job = PartitionJob([payloads])
+        job.run(spark)
+        for out in payloads.outputs:
+            record(out.name, lambda: job.commit(out.name))
     walk = plan.findings_reader()
     return collect_partitions(spark, walk, CORRUPT_RECORDS_SCHEMA) if walk else None
 
 
+def lake_payloads(lake: "str | os.PathLike | Location", path: "str | os.PathLike | None" = None) -> Declarations | None:
+    """The payload declarations a run uses: ``path`` when given, else the lake's own file when it
+    has one (so batch and streaming runs on one lake write the same payload tables), else None.
+    Raises :class:`pipelines.payloads.errors.PayloadSchemaError` for a bad file."""
+    if path is not None:
+        return load_declarations(path, lake=lake)
+    where = declarations_location(lake)
+    return load_declarations(where) if where.exists() else None
+
+
+def check_payload_schemas(lake: "str | os.PathLike | Location", payloads: Declarations | None) -> None:
+    """Refuse declarations whose schema change a payload table cannot take (before any file is
+    written): additive changes evolve the table at its next commit, anything else is an error."""
+    for name, schema, _ in payload_outputs(payloads) if payloads else ():
+        current = table_schema(lake, name)
+        if current is not None:
+            check_evolution(current, schema)
+
+
 def ingest_store(spark, spec: StoreSpec, lake: "str | os.PathLike | Location", *,
-                 split_bytes: int = DEFAULT_SPLIT_BYTES, until_offset: int | None = None) -> RunSummary:
-    """One incremental run for one store. A store that lists no commitlog segment raises
+                 split_bytes: int = DEFAULT_SPLIT_BYTES, until_offset: int | None = None,
+                 payloads: Declarations | None = None) -> RunSummary:
+    """One incremental run for one store (``payloads``: see :func:`lake_payloads`; None writes no
+    payload table). A store that lists no commitlog segment raises
     :class:`pipelines.storage.StorageError` (it is a wrong location, not an empty store)."""
     started = time.monotonic()
     started_at = datetime.now(timezone.utc)
@@ -251,8 +320,9 @@ def ingest_store(spark, spec: StoreSpec, lake: "str | os.PathLike | Location", *
     if until_offset is not None:
         end = min(end, until_offset)
     cq_end = min(end, dispatched)
+    payload_tables = [name for name, _, _ in payload_outputs(payloads)] if payloads else []
     marks = {t: _mark(lake, t, app_id) for t in (MESSAGES_TABLE, CONSUME_QUEUE_TABLE, INDEX_ENTRIES_TABLE,
-                                                  CORRUPT_RECORDS_TABLE, INGEST_RUNS_TABLE)}
+                                                  CORRUPT_RECORDS_TABLE, INGEST_RUNS_TABLE, *payload_tables)}
     summary = RunSummary(run_id, spec.name, marks[MESSAGES_TABLE], end)
     log.info("ingest %s: %s from %s to %d (run %s)", spec.name, spec.path, marks, end, run_id)
 
@@ -268,7 +338,7 @@ def ingest_store(spark, spec: StoreSpec, lake: "str | os.PathLike | Location", *
         else:
             summary.rows[name] = int(result.num_rows or 0)
 
-    plan = _RunPlan(spec, lake, app_id, run_id, marks, end, cq_end, split_bytes)
+    plan = _RunPlan(spec, lake, app_id, run_id, marks, end, cq_end, split_bytes, payloads)
     write = _write_direct if not delta_spark_available(spark) else _write_with_delta_spark
     walk_findings = write(spark, plan, record)
     findings_from = marks[CORRUPT_RECORDS_TABLE]
@@ -278,7 +348,8 @@ def ingest_store(spark, spec: StoreSpec, lake: "str | os.PathLike | Location", *
     if end > findings_from:
         if findings_from == 0:
             walk_findings = pa.concat_tables([file_findings(store, spec.name, run_id), walk_findings])
-        found = pa.concat_tables([walk_findings, crc_findings(lake, spec.name, findings_from, end, run_id, store)])
+        found = pa.concat_tables([lost_range_findings(spec.name, segments[0], findings_from, end, run_id), walk_findings,
+                                  crc_findings(lake, spec.name, findings_from, end, run_id, store)])
         record(CORRUPT_RECORDS_TABLE, lambda: append_arrow(lake, CORRUPT_RECORDS_TABLE, found,
                                                            partition_by=CORRUPT_RECORDS.partition_by,
                                                            app_id=app_id, app_version=end))
@@ -299,7 +370,13 @@ def ingest_store(spark, spec: StoreSpec, lake: "str | os.PathLike | Location", *
 
 
 def ingest(spark, stores: list[StoreSpec], lake: "str | os.PathLike | Location", *,
-           split_bytes: int = DEFAULT_SPLIT_BYTES, until_offset: int | None = None) -> list[RunSummary]:
+           split_bytes: int = DEFAULT_SPLIT_BYTES, until_offset: int | None = None,
+           payload_schemas: "str | os.PathLike | None" = None) -> list[RunSummary]:
+    """Every store, one after the other; the payload declarations (``payload_schemas`` or the
+    lake's own) are loaded and checked against the tables once, before any store is read."""
+    payloads = lake_payloads(lake, payload_schemas)
+    check_payload_schemas(lake, payloads)
     if delta_spark_available(spark):  # Spark reads the stores as data sources only on that path
         register_sources(spark)
-    return [ingest_store(spark, spec, lake, split_bytes=split_bytes, until_offset=until_offset) for spec in stores]
+    return [ingest_store(spark, spec, lake, split_bytes=split_bytes, until_offset=until_offset, payloads=payloads)
+            for spec in stores]

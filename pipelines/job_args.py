@@ -79,6 +79,13 @@ def add_storage_option_arg(ap: argparse.ArgumentParser) -> None:
                          "environment apply too, under these")
 
 
+def add_payload_schemas_arg(ap: argparse.ArgumentParser) -> None:
+    """``--payload-schemas FILE`` of the ingest jobs (batch and streaming)."""
+    ap.add_argument("--payload-schemas", metavar="FILE|URI", default=None,
+                    help="payload declarations to use instead of the lake's own LAKE/_rocketlake/payload_schemas.toml "
+                         "(topics whose bodies become typed payload_<topic> tables)")
+
+
 def add_store_lake_args(ap: argparse.ArgumentParser, *, store_required: bool = True) -> None:
     """``--store`` (repeatable), ``--lake``, ``--storage-option`` (repeatable) and ``--master`` as
     every job has them."""

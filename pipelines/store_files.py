@@ -279,6 +279,14 @@ class StoreFiles:
         return max(0, *reaches)
 
     # ---- index files -----------------------------------------------------------------------------------
+    def index_reach(self, name: str) -> int | None:
+        """The commitlog offset of index file ``name``'s newest entry (its header's endPhyOffset), from
+        one 40-byte ranged read; None when the header holds no entry or does not look like one."""
+        header = IndexHeader.decode(read_padded(self.file(INDEX_DIR, name), 0, INDEX_HEADER_SIZE))
+        if header.index_count <= 1 or header.begin_phy_offset > header.end_phy_offset:
+            return None
+        return header.end_phy_offset
+
     def iter_index_entries(self, name: str, geometry: tuple[int, int], *,
                            batch_entries: int = INDEX_BATCH_ENTRIES) -> Iterator[tuple[IndexHeader, np.ndarray]]:
         """The written entries (numbers 1 … indexCount-1) of index file ``name`` as big-endian

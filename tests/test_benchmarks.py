@@ -170,3 +170,9 @@ SMOKE["sql"] = Smoke(("--rows", "2000", "--root", "{tmp}"),
                       rf"^duckdb\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$",
                       rf"^datafusion\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$",
                       rf"^spark\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$"), spark=True, timeout=240)
+
+# benchmarks/freshness.py: our broker, 200 msg/s for a few seconds, the streaming job with a 1 s trigger
+SMOKE["freshness"] = Smoke(("--rates", "200", "--seconds", "4", "--trigger-interval", "1s", "--producers", "1",
+                            "--threads", "2", "--root", "{tmp}", "--json", "{tmp}/freshness.json"),
+                           (rf"^freshness at 200 msg/s\s+achieved {NUM} msg/s\s+rows {NUM}/{NUM}\s+p50 {NUM} s\s+"
+                            rf"p95 {NUM} s\s+max {NUM} s\s+micro-batches \d+",), spark=True, timeout=240)

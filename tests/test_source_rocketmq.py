@@ -494,3 +494,28 @@ def test_consume_queue_on_s3_reads_as_the_local_reader(s3_server, tmp_path):
     ext_units = remote.consume_queue("Ext", 1, queues[("Ext", 1)]).units()
     assert ext_units["is_ext_address"].all() and ext_units["tags_code"].tolist() == [-5 - i for i in range(15)]
     assert remote.dispatched_end() == StoreFiles(store).dispatched_end() == 90_000 + 80 * 14 + 80
+
+
+def test_index_reader_skips_files_wholly_below_from_offset(tmp_path):
+    """``fromOffset``: an index file whose header's endPhyOffset is below it is not read; every
+    entry at or above it is still read (the incremental ingest's and the stream's index reads)."""
+    from pipelines.sources.rocketmq import IndexReader, store_source_options
+
+    store = tmp_path / "store"
+    generate_store(store, GenerateSpec(messages=400, body_bytes=64, segment_bytes=1 << 20, index_slots=50,
+                                       index_entries=200, seed=5))
+    options = {**store_source_options(Location.parse(str(store))), "brokerName": "b"}
+    everything = IndexReader(options).partitions()
+    assert len(everything) >= 3  # the small geometry rolls several index files
+    files = StoreFiles(Location.parse(str(store)))
+    reach = {p.file_name: files.index_reach(p.file_name) for p in everything}
+    lo = reach[everything[1].file_name] + 1  # past the second file's newest entry
+    reader = IndexReader({**options, "fromOffset": str(lo)})
+    kept = reader.partitions()
+    assert [p.file_name for p in kept] == [p.file_name for p in everything if reach[p.file_name] >= lo]
+    assert len(kept) == len(everything) - 2
+
+    def at_or_above(parts, r):
+        return sorted(o for p in parts for b in r.read(p) for o in b.column("commitlog_offset").to_pylist() if o >= lo)
+
+    assert at_or_above(kept, reader) == at_or_above(everything, IndexReader(options)) != []

@@ -24,6 +24,7 @@ import errno
 import fcntl
 import logging
 import os
+import struct
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 # Apache locks one byte at position 0.
 _LOCK_START = 0
 _LOCK_LENGTH = 1
+_FLOCK = "hh4xqqi4x"  # struct flock on Linux x86-64: l_type, l_whence, l_start, l_len, l_pid
 
 _held_lock = threading.Lock()
 _held: dict[tuple[int, int], Path] = {}  # (st_dev, st_ino) of lock files this process holds
@@ -171,6 +173,31 @@ def is_store_locked(store_dir: str | os.PathLike) -> bool:
         return True
     probe.release()
     return False
+
+
+def held_by_another_process(store_dir: str | os.PathLike) -> bool:
+    """Whether another process (a live broker) holds the store lock, asked with ``F_GETLK``, which
+    only looks: :func:`is_store_locked` takes the lock for a moment, and a broker starting in that
+    moment would fail to lock its store. A lock this process holds does not count (its file is then
+    not opened at all: closing any descriptor of it would drop that lock)."""
+    path = Path(store_dir) / LOCK_FILE
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    with _held_lock:
+        if (st.st_dev, st.st_ino) in _held:
+            return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, _LOCK_START, _LOCK_LENGTH, 0)
+        l_type = struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_GETLK, query))[0]
+    finally:
+        os.close(fd)
+    return l_type != fcntl.F_UNLCK
 
 
 # --- abort marker ---------------------------------------------------------------------------------------
