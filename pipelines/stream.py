@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from pipelines.ingest import DEFAULT_SPLIT_BYTES, app_id_for, check_payload_schemas, ingest_store, lake_payloads
-from pipelines.payloads.declarations import Declarations
+from pipelines.payloads.declarations import Declarations, declarations_source
+from pipelines.payloads.errors import PayloadSchemaError
 from pipelines.payloads.reader import payload_outputs
 from pipelines.job_args import StoreSpec
 from pipelines.lake import app_version
@@ -113,7 +114,11 @@ class StreamState:
     stores: dict[str, StoreSpec]
     lake: Location
     split_bytes: int
-    payloads: Declarations | None = None  # loaded when the stream starts (a restart picks up new ones)
+    payload_schemas: str | None = None  # the declarations file given to the job (None: the lake's own)
+    payloads: Declarations | None = None  # re-read when the file changes (refresh_payloads)
+    payload_bytes: bytes | None = None
+    payloads_read: bool = False
+    error: BaseException | None = None  # what stopped the stream from inside a micro-batch
     batches: int = 0
     last_data_at: float = field(default_factory=time.monotonic)
     runs: dict[str, int] = field(default_factory=dict)  # per broker: ingest runs, messages rows, last end
@@ -137,8 +142,42 @@ def _complete_mark(lake: Location, broker: str, payloads: Declarations | None = 
     return min(app_version(lake, table, app_id) or 0 for table in tables)
 
 
+def refresh_payloads(state: StreamState) -> None:
+    """Read the payload declarations again when they changed (``rocketlake schema install`` while
+    the stream runs: the declarations file or a schema file it names): the next micro-batch writes
+    with them, an additive change evolving the tables. A file that no longer loads or checks raises
+    :class:`PayloadSchemaError` (the stream stops with that message); a removed lake file means no
+    payload tables from here on; an explicitly given file must exist."""
+    where = declarations_source(state.payload_schemas, lake=state.lake)
+    present = where.exists()
+    if not present and state.payload_schemas is not None:
+        raise PayloadSchemaError(f"{where}: no payload declarations file")
+    if state.payloads_read and _fingerprint(where, state.payloads) == state.payload_bytes:
+        return
+    payloads = lake_payloads(state.lake, state.payload_schemas) if present else None
+    check_payload_schemas(state.lake, payloads)
+    if state.payloads_read or payloads is not None:
+        log.info("stream: payload declarations %s", "removed: no payload tables" if payloads is None else
+                 f"{'re' if state.payloads_read else ''}loaded: {', '.join(sorted(payloads.topic_names))}")
+    state.payloads, state.payload_bytes, state.payloads_read = payloads, _fingerprint(where, payloads), True
+
+
+def _fingerprint(where: Location, payloads: Declarations | None) -> bytes | None:
+    """The declarations file's bytes and those of the schema files ``payloads`` names (a change to
+    any of them is a change); None without the file."""
+    if not where.exists():
+        return None
+    parts = [where.read_bytes()]
+    for decl in payloads or ():
+        if decl.schema_file:
+            schema = Location.parse(decl.schema_file, where.option_map)
+            parts.append(schema.read_bytes() if schema.exists() else b"(missing)")
+    return b"\0".join(parts)
+
+
 def write_batch(spark, state: StreamState, ranges: Sequence[tuple[str, int, int]], epoch_id: int) -> None:
     """One micro-batch: the batch ingest of ``[mark, end)`` for every broker with ``end > mark``."""
+    refresh_payloads(state)
     for broker, start, end in sorted(ranges):
         mark = _complete_mark(state.lake, broker, state.payloads)
         if end <= mark:
@@ -160,9 +199,8 @@ def run_stream(spark, stores: Sequence[StoreSpec], lake: Location, checkpoint: s
                handle_signals: bool = True, payload_schemas: str | None = None) -> StreamState:
     """Run the streaming ingest until a stop condition (module docstring); returns what it did.
     ``payload_schemas``: as the batch ingest's (default: the lake's own declarations, if any)."""
-    payloads = lake_payloads(lake, payload_schemas)
-    check_payload_schemas(lake, payloads)
-    state = StreamState({s.name: s for s in stores}, lake, split_bytes, payloads)
+    state = StreamState({s.name: s for s in stores}, lake, split_bytes, payload_schemas)
+    refresh_payloads(state)  # a bad file stops the job before the query starts
     register_data_source(spark, CommitLogStreamDataSource)
 
     def on_batch(df, epoch_id: int) -> None:
@@ -173,7 +211,12 @@ def run_stream(spark, stores: Sequence[StoreSpec], lake: Location, checkpoint: s
             state.batches += 1
             if ranges:
                 state.last_data_at = time.monotonic()
-            write_batch(spark, state, ranges, epoch_id)
+            try:
+                write_batch(spark, state, ranges, epoch_id)
+            except PayloadSchemaError as exc:  # the job's error, not the query's: stop and say it
+                state.error = exc
+                state.stopping.set()
+                return
             if max_batches is not None and state.batches >= max_batches:
                 state.stopping.set()
 
@@ -210,6 +253,8 @@ def run_stream(spark, stores: Sequence[StoreSpec], lake: Location, checkpoint: s
             query.stop()
         if query.exception() is not None:
             raise query.exception()
+        if state.error is not None:
+            raise state.error
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

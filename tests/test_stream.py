@@ -485,3 +485,47 @@ def test_stream_follows_a_live_broker_through_kills_batch_runs_and_restarts(spar
     assert _rows(lake, CONSUME_QUEUE_TABLE, cq_key) == _rows(fresh, CONSUME_QUEUE_TABLE, cq_key)
     ends = sorted(r["to_offset"] for r in scan_arrow(lake, INGEST_RUNS_TABLE).to_pylist())
     assert len(ends) == len(set(ends)) >= 4 and ends[-1] == end  # runs of both kinds, each range once
+
+
+def test_payload_declarations_are_picked_up_while_the_stream_runs(tmp_path):
+    """refresh_payloads (called by every micro-batch): a declarations file installed, changed
+    additively or removed while the stream runs is used from the next micro-batch on; an
+    incompatible change stops the stream with its message; an explicit file that is missing too."""
+    import json as _json
+
+    from pipelines.payloads.errors import PayloadSchemaError
+    from pipelines.payloads.reader import payload_outputs
+    from pipelines.stream import StreamState, refresh_payloads
+    from pipelines.lake import append_arrow
+
+    lake = tmp_path / "lake"
+    state = StreamState({}, Location.parse(str(lake)), 1 << 20)
+    refresh_payloads(state)
+    assert state.payloads is None
+    conf = lake / "_rocketlake"
+    conf.mkdir(parents=True)
+
+    def declare(props: dict) -> None:
+        (conf / "o.json").write_text(_json.dumps({"type": "object", "properties": props}))
+        (conf / "payload_schemas.toml").write_text('[topics.O]\nformat = "json"\nschema = "o.json"\n')
+
+    declare({"a": {"type": "integer"}})
+    refresh_payloads(state)
+    first = state.payloads
+    assert first.topic_names == {"O"} and first.get("O").schema.names == ["a"]
+    refresh_payloads(state)
+    assert state.payloads is first  # unchanged file: not read again
+    name, schema, partition_by = payload_outputs(first)[0]
+    append_arrow(lake, name, schema.empty_table(), partition_by=partition_by)  # the table exists now
+    declare({"a": {"type": "integer"}, "b": {"type": ["string", "null"]}})
+    refresh_payloads(state)
+    assert state.payloads.get("O").schema.names == ["a", "b"]
+    declare({"a": {"type": "string"}})
+    with pytest.raises(PayloadSchemaError, match="a"):
+        refresh_payloads(state)
+    assert state.payloads.get("O").schema.names == ["a", "b"]  # the stream stops; nothing was swapped
+    (conf / "payload_schemas.toml").unlink()
+    refresh_payloads(state)
+    assert state.payloads is None
+    with pytest.raises(PayloadSchemaError, match="no payload declarations file"):
+        refresh_payloads(StreamState({}, Location.parse(str(lake)), 1 << 20, str(tmp_path / "missing.toml")))

@@ -111,18 +111,23 @@ def declarations_location(lake: "str | os.PathLike | Location") -> Location:
     return Location.parse(lake).child(DECLARATIONS_DIR, DECLARATIONS_FILE)
 
 
+def declarations_source(path: "str | os.PathLike | Location | None" = None, *,
+                        lake: "str | os.PathLike | Location | None" = None) -> Location:
+    """Where :func:`load_declarations` reads: ``path``, else the lake's own file."""
+    if path is None:
+        if lake is None:
+            raise ValueError("give the declarations file or the lake")
+        return declarations_location(lake)
+    if isinstance(path, Location) or lake is None:
+        return Location.parse(path)
+    return Location.parse(path, Location.parse(lake).option_map)
+
+
 def load_declarations(path: "str | os.PathLike | Location | None" = None, *,
                       lake: "str | os.PathLike | Location | None" = None) -> Declarations:
     """The declarations at ``path`` (default: the lake's, see :func:`declarations_location`).
     A remote ``path`` given as a string gets the lake's storage options."""
-    if path is None:
-        if lake is None:
-            raise ValueError("give the declarations file or the lake")
-        where = declarations_location(lake)
-    elif isinstance(path, Location) or lake is None:
-        where = Location.parse(path)
-    else:
-        where = Location.parse(path, Location.parse(lake).option_map)
+    where = declarations_source(path, lake=lake)
     try:
         data = where.read_bytes()
     except FileNotFoundError:
