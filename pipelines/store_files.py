@@ -327,6 +327,9 @@ class FsConsumeQueue(ConsumeQueue):
     def _read(self, qf: QueueFile) -> bytes:
         return read_padded(Location(str(qf.path), self._store.location.options), 0, self.file_size)
 
+    def _read_first_unit(self, qf: QueueFile) -> bytes:
+        return read_padded(Location(str(qf.path), self._store.location.options), 0, CQ_STORE_UNIT_SIZE)
+
     def refresh(self) -> None:
         self._chunks = None
 

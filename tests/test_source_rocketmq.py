@@ -519,3 +519,26 @@ def test_index_reader_skips_files_wholly_below_from_offset(tmp_path):
         return sorted(o for p in parts for b in r.read(p) for o in b.column("commitlog_offset").to_pylist() if o >= lo)
 
     assert at_or_above(kept, reader) == at_or_above(everything, IndexReader(options)) != []
+
+
+def test_consume_queue_reader_skips_files_wholly_below_from_offset(tmp_path):
+    """``fromOffset``: a queue's leading files whose units all point below it are not read; every
+    unit at or above it still is, with its logical offset."""
+    from pipelines.sources.rocketmq import ConsumeQueueReader, store_source_options
+
+    store = tmp_path / "store"
+    generate_store(store, GenerateSpec(messages=600, body_bytes=64, topics=1, queues=1, segment_bytes=1 << 20,
+                                       cq_file_bytes=50 * 20, index_slots=100, index_entries=2000, seed=9,
+                                       special=False))
+    options = {**store_source_options(Location.parse(str(store))), "brokerName": "b"}
+
+    def rows(reader):
+        return sorted((r["queue_offset"], r["commitlog_offset"]) for p in reader.partitions()
+                      for b in reader.read(p) for r in b.to_pylist())
+
+    everything = rows(ConsumeQueueReader(options))
+    assert len(everything) == 600
+    lo = everything[320][1]  # the commitlog offset of logical unit 320 (in the 7th 50-unit file)
+    kept = rows(ConsumeQueueReader({**options, "fromOffset": str(lo)}))
+    assert kept == everything[300:]  # files before unit 300 skipped, that file read whole
+    assert [u for u in kept if u[1] >= lo] == [u for u in everything if u[1] >= lo]

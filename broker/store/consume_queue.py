@@ -398,6 +398,29 @@ class ConsumeQueue:
         file, so a reader over another filesystem overrides only this."""
         return _read_file(qf.path, self.file_size)
 
+    def _read_first_unit(self, qf: QueueFile) -> bytes:
+        """The first unit of a file (zeros when it is shorter): overridden with :meth:`_read`."""
+        return _read_file(qf.path, CQ_STORE_UNIT_SIZE)
+
+    def skip_files_below(self, commitlog_offset: int) -> int:
+        """Leave out the leading files whose units all point below ``commitlog_offset`` (a reader
+        that only wants newer units, e.g. an incremental ingest, then reads the newest files only).
+        A file's units point below its successor's first unit, so a file goes when its successor's
+        first unit is valid and not above ``commitlog_offset``: one 20-byte read per file. The
+        queue's findings and minimum offset then describe the files kept. Returns how many went."""
+        if self._writer is not None:
+            raise RuntimeError("skip_files_below is for readers")
+        dropped = 0
+        while dropped + 1 < len(self.files):
+            head = np.frombuffer(self._read_first_unit(self.files[dropped + 1]), CQ_UNIT_DTYPE)[0]
+            if head["size"] <= 0 or head["commitlog_offset"] < 0 or head["commitlog_offset"] > commitlog_offset:
+                break
+            dropped += 1
+        if dropped:
+            self.files = self.files[dropped:]
+            self._chunks = None
+        return dropped
+
     def _report_end(self, qf: QueueFile, rows: np.ndarray, n: int, later: list[QueueFile]) -> None:
         """Findings for what lies at and after the end of data: a clean end is all zeros."""
         tail = np.frombuffer(rows[n:].tobytes(), np.uint8)

@@ -428,9 +428,13 @@ class QueuePartition(InputPartition):
 
 
 class ConsumeQueueReader(DataSourceReader):
+    """Option ``fromOffset``: a queue's leading files whose units all point below it are not read
+    (:meth:`ConsumeQueue.skip_files_below`; an incremental or streaming run keeps only newer units)."""
+
     def __init__(self, options) -> None:
         self.location = store_location(options)
         self.broker_name = options.get("brokerName") or DEFAULT_BROKER_NAME
+        self.from_offset = opt_int(options, "fromOffset", 0)
         self.store: StoreFiles | None = None
 
     def partitions(self) -> list[InputPartition]:
@@ -460,6 +464,8 @@ class ConsumeQueueReader(DataSourceReader):
         cq = store.consume_queue(part.topic, part.queue_id, list(part.files),
                                  commitlog_min_offset=part.commitlog_min_offset)
         try:
+            if self.from_offset > 0:
+                cq.skip_files_below(self.from_offset)
             units = cq.units()
         finally:
             cq.close()
