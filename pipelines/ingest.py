@@ -250,7 +250,7 @@ def _write_direct(spark, plan: _RunPlan, record: Callable[[str, Callable], None]
     walk = plan.findings_reader()
     job = PartitionJob(writes + ([payloads] if payloads else []),
                        [RowsCollect(walk, CORRUPT_RECORDS_SCHEMA, order=_walk_order)] if walk else [])
-    names = [w.name for w in writes] + [o.name for o in payloads.outputs] if payloads else [w.name for w in writes]
+    names = [w.name for w in writes] + [o.name for o in (payloads.outputs if payloads else [])]
     t0 = time.monotonic()
     job.run(spark)
     log.info("ingest %s: files of %s written in %.1f s", spec.name, ", ".join(names) or "no table",

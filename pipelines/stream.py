@@ -87,24 +87,21 @@ def _interval_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
+def _positive(convert: type, what: str):
+    """An argparse type: ``convert(text)`` when it is > 0, else a one-line error naming ``what``."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive {what}")
+        return value
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
-    return value
+_positive_int = _positive(int, "integer")
+_positive_float = _positive(float, "number")
 
 
 @dataclass

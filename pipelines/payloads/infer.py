@@ -19,6 +19,7 @@ from typing import Any, Iterable
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
+from pipelines.payloads.json_codec import json_kind
 from pipelines.storage import Location
 from schemas.messages import MESSAGES_TABLE
 
@@ -75,7 +76,7 @@ def infer_json_schema(bodies: Iterable[tuple[int, bytes]], topic: str) -> dict:
 # A working schema: {"types": set of JSON kinds, "props": {name: (schema, times seen)}, "rows": objects
 # seen, "items": schema or None, "date_time": all strings were date-times}
 def _schema_of(value: Any) -> dict:
-    kind = _kind(value)
+    kind = json_kind(value)
     node: dict = {"types": {kind}, "props": {}, "rows": 0, "items": None, "date_time": None}
     if kind == "object":
         node["rows"] = 1
@@ -120,18 +121,6 @@ def _finish(node: dict) -> dict:
     return out
 
 
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
 
 
 def infer_topic_schema(lake: "str | os.PathLike | Location", topic: str, sample: int = DEFAULT_SAMPLE,

@@ -109,7 +109,7 @@ def _types_of(node: dict, root: dict, path: tuple[str, ...], seen: frozenset[str
             return inner, nullable or len(non_null) < len(options), carrier
     if "enum" in node or "const" in node:
         values = node["enum"] if "enum" in node else [node["const"]]
-        kinds = {_json_kind(v) for v in values if v is not None}
+        kinds = {json_kind(v) for v in values if v is not None}
         if kinds <= {"integer"} and kinds:
             return ["integer"], None in values, node
         if kinds == {"string"}:
@@ -171,7 +171,8 @@ def _allows_null(node: Any, root: dict, seen: frozenset[str]) -> bool:
 
 # ---- decoding ----------------------------------------------------------------------------------------
 
-def _json_kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
+    """The JSON Schema type name of a parsed JSON value (booleans are not integers)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -188,7 +189,7 @@ def _json_kind(value: Any) -> str:
 
 
 def _shown(value: Any) -> str:
-    kind = _json_kind(value)
+    kind = json_kind(value)
     if kind in ("array", "object", "null"):
         return kind
     text = json.dumps(value, ensure_ascii=False)
