@@ -15,6 +15,7 @@ from broker.store.commitlog import CommitLog, CommitLogWriter
 from broker.store.constants import INDEX_DIR, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
 from broker.store.index_file import (
     ENTRIES_DTYPE,
+    INDEX_HEADER_SIZE,
     LONG_MAX,
     IndexFile,
     IndexHeader,
@@ -425,3 +426,28 @@ def test_complete_record_counts_entries_across_a_roll(tmp_path):
     with IndexService(tmp_path, 4, 4) as service:
         assert service.complete_record(rec) == 1
         assert service.query("T", "k3", 0, LONG_MAX, log_) == [rec.physical_offset]
+
+
+def test_put_killed_before_its_header_keeps_older_chain(tmp_path):
+    # A put writes entry, slot, header. Killed between slot and header (mmap writes survive a SIGKILL),
+    # the slot points at an entry the header does not count; re-indexing that record writes over the
+    # same entry and must link to what that entry linked to, not to itself, or the older keys of the
+    # chain (one slot here: all of them) are lost to queries.
+    with CommitLogWriter(tmp_path, segment_size=1 << 16) as writer:
+        recs = [writer.append(_record("T", {"KEYS": k}), 1_700_000_000_000 + i).record
+                for i, k in enumerate(("a", "b", "c"))]
+    log_ = CommitLog.open(tmp_path)
+    with IndexService(tmp_path, 1, 64) as service:
+        assert [service.dispatch(r) for r in recs[:2]] == [1, 1]
+        f = service.files[-1]
+        header_before = bytes(f._buf[:INDEX_HEADER_SIZE])
+        assert f.put_key(build_index_key("T", "c"), recs[2].physical_offset, recs[2].store_timestamp)
+        f._buf[:INDEX_HEADER_SIZE] = header_before  # the header write never happened
+        f.header = IndexHeader.decode(header_before)
+    with IndexService(tmp_path, 1, 64) as service:
+        assert service.files[-1].header.index_count == 3
+        assert service.dispatch(recs[2]) == 1
+        assert service.files[-1].header.index_count == 4
+        for key, rec in zip(("a", "b", "c"), recs):
+            assert service.query("T", key, 0, LONG_MAX, log_) == [rec.physical_offset], key
+        assert service.files[-1].entries()["prev_index"].tolist() == [0, 1, 2]

@@ -9,8 +9,11 @@ next start's recovery.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing as mp
+import os
+import signal
 import queue as queue_mod
 import threading
 import time
@@ -22,11 +25,30 @@ log = logging.getLogger(__name__)
 
 SYNC_INTERVAL_S = 1.0
 IDLE_WAIT_S = 0.05
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when the store process dies (Linux; best effort).
+
+    Why: a dispatcher outliving a killed store process would go on writing consume-queue and index
+    files under the next broker's recovery, and its last ``sync`` would write index headers from its
+    stale memory over what recovery repaired. The loop also checks the parent (``os.getppid``) in
+    case ``prctl`` is unavailable."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+    except (OSError, AttributeError):
+        log.warning("prctl is not available; the dispatcher notices a dead store process by polling")
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, committed, wake, stop,
-                    out, log_level: int) -> None:
+                    out, log_level: int, parent_pid: int) -> None:
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [dispatch] %(name)s: %(message)s")
+    _die_with_parent(parent_pid)
     store_path = Path(store_dir)
     registry = QueueRegistry(store_path, settings.cq_file_bytes)
     dispatcher = Dispatcher(store_path, settings, registry)
@@ -39,6 +61,9 @@ def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, 
         while True:
             wake.wait(IDLE_WAIT_S)
             wake.clear()
+            if os.getppid() != parent_pid:
+                log.error("the store process %d is gone; exiting without writing anything more", parent_pid)
+                os._exit(1)
             end = committed.value
             if end > dispatcher.next_offset:
                 dispatcher.catch_up(dispatcher.next_offset, end)
@@ -71,7 +96,8 @@ class ExternalDispatcher:
         self._out = ctx.Queue()
         self.process = ctx.Process(target=dispatcher_main, name="rocketlake-dispatch",
                                    args=(str(store.store_dir), store.settings, start, self._committed,
-                                         self._wake, self._stop, self._out, log_level), daemon=False)
+                                         self._wake, self._stop, self._out, log_level, os.getpid()),
+                                   daemon=False)
         self._reader = threading.Thread(target=self._read, name="dispatch-progress", daemon=True)
         self._done = threading.Event()
         self._lock = threading.Lock()  # puts finish on many threads: the published end never goes back

@@ -269,6 +269,21 @@ class IndexFile:
         (value,) = _SLOT.unpack_from(self._buf, self._slot_pos(key_hash))
         return value if 0 < value <= self.header.index_count else 0
 
+    def _chain_head(self, key_hash: int) -> int:
+        """The entry a new put with this hash links back to (its ``prevIndex``).
+
+        Normally the slot's value. A put writes its entry, then the slot, then the header; a process
+        killed between the slot and the header leaves the slot pointing at entry ``indexCount``,
+        which the header does not count. The next put is written over that very entry, so linking to
+        it would make a self-loop and cut every older entry of the chain off the queries; the chain
+        goes on from that entry's own ``prevIndex`` instead (the entry was complete before the slot
+        was written)."""
+        (value,) = _SLOT.unpack_from(self._buf, self._slot_pos(key_hash))
+        count = self.header.index_count
+        if value == count:
+            value = _ENTRY.unpack_from(self._buf, self._entry_pos(value))[3]
+        return value if 0 < value < count else 0
+
     def put_key(self, index_key: str, phy_offset: int, store_timestamp: int) -> bool:
         """Add one entry (``IndexFile.putKey``); False when the file is full.
 
@@ -282,7 +297,7 @@ class IndexFile:
         if self.is_full:
             return False
         key_hash = index_key_hash(index_key)
-        prev = self._slot_value(key_hash)
+        prev = self._chain_head(key_hash)
         diff = _java_div(store_timestamp - header.begin_timestamp, 1000)
         if header.begin_timestamp <= 0:
             diff = 0
