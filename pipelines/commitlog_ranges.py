@@ -47,7 +47,8 @@ import numpy as np
 import pyarrow as pa
 
 from broker.store.columnar import DecodeFilter, DecodeStats, iter_decode
-from broker.store.constants import COMMITLOG_DIR, DEFAULT_MAX_MESSAGE_SIZE, MAX_RECORD_OVERHEAD, POS_PHYSICAL_OFFSET
+from broker.store.constants import COMMITLOG_DIR, DEFAULT_MAX_MESSAGE_SIZE, MAX_RECORD_OVERHEAD
+from broker.store.record_layout import POS_PHYSICAL_OFFSET
 from broker.store import findings as fk
 from broker.store.findings import Finding
 from broker.store.record_scan import ScanResult, is_record_start, scan_records

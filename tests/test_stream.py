@@ -32,7 +32,7 @@ import pytest
 from broker.client import Message, Producer
 from broker.cli import main as rocketlake, run_job
 from broker.store.commitlog import CommitLog
-from broker.store.constants import POS_PHYSICAL_OFFSET
+from broker.store.record_layout import POS_PHYSICAL_OFFSET
 from broker.store.generate import GenerateSpec, generate_store
 from broker.store.message_id import decode_offset_msg_id
 from pipelines.ingest import app_id_for, ingest, ingest_store

@@ -43,7 +43,6 @@ from broker.server.offsets import (
 from broker.store.checkpoint import Checkpoint, CheckpointError, checkpoint_path, read_checkpoint
 from broker.store.commitlog import CommitLog, CommitLogWriter, offset_to_file_name
 from broker.store.constants import (
-    BORNHOST_V6_FLAG,
     CONSUME_QUEUE_DIR,
     CQ_FILL_UNIT_SIZE,
     CQ_STORE_UNIT_SIZE,
@@ -75,6 +74,7 @@ from broker.store.index_file import LONG_MAX, IndexService
 from broker.store.java_hash import tags_code
 from broker.store.message import MessageRecord, RecordError, decode_record
 from broker.store.properties import encode_properties
+from broker.store.record_layout import STORE_TIMESTAMP_PROBE, read_store_timestamp
 from broker.store.store_lock import StoreLock, abort_marker_exists, create_abort_marker, remove_abort_marker
 from broker.store.topics import (
     DLQ_NUMS_PER_GROUP,
@@ -93,11 +93,8 @@ SYNC_FLUSH = "SYNC_FLUSH"
 _MAGIC_V1 = signed32(MESSAGE_MAGIC_CODE_V1)
 _MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
 _SIZE_MAGIC = struct.Struct(">ii")
-_I32 = struct.Struct(">i")
-_I64 = struct.Struct(">q")
 # Apache scans at most max(16000 bytes of CQ, maxMsgNums units) per pull (maxFilterMessageCount).
 _MAX_FILTER_SCAN_BYTES = 16000
-_RECORD_HEAD = 80  # enough of a record to find its store timestamp (IPv6 born host: 48 + 20 + 8)
 
 
 def _now_ms() -> int:
@@ -1035,10 +1032,7 @@ class MessageStore:
     def _store_time(self, phy_offset: int) -> int:
         """STORETIMESTAMP of the record at ``phy_offset`` (-1 if unreadable), from its header only."""
         try:
-            head = self._segments.pread(phy_offset, _RECORD_HEAD)
-            sys_flag = _I32.unpack_from(head, 36)[0]
-            born = 20 if sys_flag & BORNHOST_V6_FLAG else 8
-            return _I64.unpack_from(head, 48 + born)[0]
+            return read_store_timestamp(self._segments.pread(phy_offset, STORE_TIMESTAMP_PROBE))
         except (OSError, struct.error):
             return -1
 

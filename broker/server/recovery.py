@@ -31,20 +31,14 @@ import numpy as np
 from broker.store.checkpoint import CheckpointError, read_checkpoint
 from broker.store.commitlog import CommitLog, Segment, list_segments
 from broker.store.constants import (
-    BLANK_MAGIC_CODE,
-    BORNHOST_V6_FLAG,
     CONSUME_QUEUE_DIR,
     CQ_FILL_UNIT_SIZE,
     CQ_STORE_UNIT_SIZE,
     INDEX_DIR,
-    MESSAGE_MAGIC_CODE_V1,
-    MESSAGE_MAGIC_CODE_V2,
-    MIN_MESSAGE_RECORD_SIZE,
-    STOREHOSTADDRESS_V6_FLAG,
-    signed32,
 )
+from broker.store.record_check import BLANK, MAGIC_V1, MAGIC_V2, MESSAGE, RecordError, check_record
+from broker.store.record_layout import POS_MAGIC, STORE_TIMESTAMP_PROBE, read_store_timestamp
 from broker.store.consume_queue import list_queues
-from broker.store.crc import body_crc
 from broker.store.index_file import IndexFile, IndexService, index_file_size, parse_index_file_name
 from broker.store.record_scan import scan_records
 
@@ -53,13 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_MAGIC_V1 = signed32(MESSAGE_MAGIC_CODE_V1)
-_MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
-_MAGIC_BLANK = signed32(BLANK_MAGIC_CODE)
-_I8 = struct.Struct(">b")
-_I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
-_I64 = struct.Struct(">q")
 _CQ_UNIT = struct.Struct(">qiq")
 _NORMAL_RECOVERY_FILES = 3  # Apache's normal recovery starts at the 3rd-last commitlog file
 _CHUNK = 1 << 20
@@ -126,62 +114,17 @@ class RecoveryReport:
 # =====================================================================================================
 # CommitLog
 # =====================================================================================================
-def check_record(buf, pos: int, seg_base: int, seg_size: int, check_crc: bool) -> tuple[str, int, int, str]:
-    """Validate the record at ``buf[pos]``: ``(kind, size, store_timestamp, reason)`` with kind
-    ``"msg"``, ``"blank"`` (file full), ``"end"`` (zeros: the normal end of data) or ``"bad"``."""
-    remaining = seg_size - pos
-    if remaining < 8 or pos + 8 > len(buf):
-        return "bad", 0, 0, f"only {remaining} bytes left in the file"
-    size, magic = struct.unpack_from(">ii", buf, pos)
-    if magic == _MAGIC_BLANK:
-        if size == remaining:
-            return "blank", size, 0, ""
-        return "bad", 0, 0, f"BLANK record size {size} != {remaining} bytes left"
-    if magic not in (_MAGIC_V1, _MAGIC_V2):
-        if size == 0 and magic == 0:
-            return "end", 0, 0, ""
-        return "bad", 0, 0, f"magic 0x{magic & 0xFFFFFFFF:08X}"
-    if size < MIN_MESSAGE_RECORD_SIZE or size > remaining or pos + size > len(buf):
-        return "bad", 0, 0, f"TOTALSIZE {size} does not fit ({remaining} bytes left)"
-    end = pos + size
+def _check_at(buf, pos: int, seg_base: int, seg_size: int, check_crc: bool) -> tuple[str, int, int, str]:
+    """The record at ``buf[pos]`` by the store's one checker: ``(kind, size, store_timestamp, reason)``
+    with kind MESSAGE, BLANK (which must fill the rest of its file), END (zeros: the normal end of
+    data) or ``"bad"`` with the checker's reason."""
     try:
-        crc = _I32.unpack_from(buf, pos + 8)[0]
-        phys = _I64.unpack_from(buf, pos + 28)[0]
-        if phys != seg_base + pos:
-            return "bad", 0, 0, f"PHYSICALOFFSET {phys} != {seg_base + pos}"
-        sys_flag = _I32.unpack_from(buf, pos + 36)[0]
-        born = 20 if sys_flag & BORNHOST_V6_FLAG else 8
-        store = 20 if sys_flag & STOREHOSTADDRESS_V6_FLAG else 8
-        p = pos + 48 + born
-        store_ts = _I64.unpack_from(buf, p)[0]
-        p += 8 + store + 12
-        body_len = _I32.unpack_from(buf, p)[0]
-        p += 4
-        if body_len < 0 or p + body_len > end:
-            return "bad", 0, 0, f"BODYLENGTH {body_len} does not fit TOTALSIZE {size}"
-        body_at = p
-        p += body_len
-        if magic == _MAGIC_V2:
-            topic_len = _I16.unpack_from(buf, p)[0]
-            p += 2
-        else:
-            topic_len = _I8.unpack_from(buf, p)[0]
-            p += 1
-        if topic_len < 0 or p + topic_len + 2 > end:
-            return "bad", 0, 0, f"TOPICLENGTH {topic_len} does not fit TOTALSIZE {size}"
-        p += topic_len
-        props_len = _I16.unpack_from(buf, p)[0]
-        p += 2
-        if props_len < 0 or p + props_len != end:
-            return "bad", 0, 0, f"field lengths do not add up to TOTALSIZE {size}"
-    except struct.error:
-        return "bad", 0, 0, f"fields run past TOTALSIZE {size}"
-    if check_crc:
-        with memoryview(buf) as view:
-            computed = body_crc(view[body_at:body_at + body_len])
-        if computed != crc:
-            return "bad", 0, 0, f"BODYCRC {crc} != computed {computed}"
-    return "msg", size, store_ts, ""
+        found = check_record(buf, pos, seg_base + pos, min(len(buf), seg_size), check_crc=check_crc)
+    except RecordError as exc:
+        return "bad", 0, 0, exc.detail
+    if found.kind == BLANK and found.size != seg_size - pos:
+        return "bad", 0, 0, f"BLANK record size {found.size} != {seg_size - pos} bytes left"
+    return found.kind, found.size, found.store_timestamp, ""
 
 
 def _check_sizes(files: list[Segment], size: int, what: str) -> list[Segment]:
@@ -206,13 +149,15 @@ def _first_store_timestamp(seg: Segment, seg_size: int) -> int:
     """Store time of a file's first record, 0 if it does not start with a message."""
     try:
         with open(seg.path, "rb") as fh:
-            head = fh.read(96)
+            head = fh.read(STORE_TIMESTAMP_PROBE)
     except OSError:
         return 0
-    if len(head) < 80 or _I32.unpack_from(head, 4)[0] not in (_MAGIC_V1, _MAGIC_V2):
+    if len(head) < POS_MAGIC + 4 or _I32.unpack_from(head, POS_MAGIC)[0] not in (MAGIC_V1, MAGIC_V2):
         return 0
-    born = 20 if _I32.unpack_from(head, 36)[0] & BORNHOST_V6_FLAG else 8
-    return _I64.unpack_from(head, 48 + born)[0]
+    try:
+        return read_store_timestamp(head)
+    except struct.error:
+        return 0
 
 
 def _start_index(segments: list[Segment], seg_size: int, store_dir: Path, abnormal: bool) -> int:
@@ -295,13 +240,13 @@ def recover_commitlog(store_dir: Path, settings: "StoreSettings", abnormal: bool
         try:
             pos = 0
             while True:
-                kind, size, ts, reason = check_record(buf, pos, seg.base, seg_size, check_crc)
-                if kind == "msg":
+                kind, size, ts, reason = _check_at(buf, pos, seg.base, seg_size, check_crc)
+                if kind == MESSAGE:
                     pos += size
                     report.records_checked += 1
                     report.last_store_timestamp = ts
                     continue
-                if kind == "blank":
+                if kind == BLANK:
                     end = seg.base + seg_size
                     break
                 end = seg.base + pos

@@ -42,6 +42,16 @@ from broker.store.constants import (
 )
 from broker.store.crc import crc32
 from broker.store.findings import Finding
+from broker.store.record_layout import (
+    FIXED_V4_DTYPE,
+    FIXED_V4_SIZE,
+    IPV4_ADDRESS_SIZE,
+    IPV4_HOST_SIZE,
+    IPV6_ADDRESS_SIZE,
+    IPV6_HOST_SIZE,
+    POS_BORN_HOST,
+    TAIL_SIZE,
+)
 from broker.store.record_scan import find_record_start, last_nonzero, scan_records
 from broker.store.topics import WRAPPER_TOPICS
 from schemas.messages import RECORD_SCHEMA, body_as_view
@@ -53,16 +63,10 @@ log = logging.getLogger(__name__)
 DEFAULT_BATCH_ROWS = 32_768
 DEFAULT_BATCH_BYTES = 64 * 1024 * 1024  # keeps int32 Arrow offsets and temporaries small
 
-_HEAD_SIZE = 48  # everything before the born host
 # The first 88 bytes of a record whose two hosts are IPv4: header, hosts, store time, reconsume
-# times, prepared offset and body length (store-format.md 3.3).
-_FIXED_V4_DTYPE = np.dtype([
-    ("size", ">i4"), ("magic", ">i4"), ("crc", ">i4"), ("queue_id", ">i4"), ("flag", ">i4"),
-    ("queue_offset", ">i8"), ("phys", ">i8"), ("sys_flag", ">i4"), ("born_ts", ">i8"),
-    ("born_addr", "u1", (4,)), ("born_port", ">i4"), ("store_ts", ">i8"), ("store_addr", "u1", (4,)),
-    ("store_port", ">i4"), ("reconsume", ">i4"), ("prepared", ">i8"), ("body_len", ">i4"),
-])
-_FIXED_V4_SIZE = _FIXED_V4_DTYPE.itemsize
+# times, prepared offset and body length (the layout module's fixed part).
+_FIXED_V4_DTYPE = FIXED_V4_DTYPE
+_FIXED_V4_SIZE = FIXED_V4_SIZE
 _NATIVE = {name: (np.uint8 if _FIXED_V4_DTYPE[name].subdtype else _FIXED_V4_DTYPE[name].newbyteorder("="))
            for name in _FIXED_V4_DTYPE.names}
 _V4_MASK = np.array([1, 1, 1, 1] + [0] * 12, dtype=np.uint8)[None, :]
@@ -383,20 +387,20 @@ def _fixed_fields(a: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
     wide = np.flatnonzero(f["born_v6"] | f["store_v6"])
     if wide.size:
         s, bv6, sv6 = starts[wide], f["born_v6"][wide], f["store_v6"][wide]
-        p_born = s + _HEAD_SIZE
-        p_store_ts = p_born + np.where(bv6, 20, 8)
+        p_born = s + POS_BORN_HOST
+        p_store_ts = p_born + np.where(bv6, IPV6_HOST_SIZE, IPV4_HOST_SIZE)
         p_store = p_store_ts + 8
-        p_reconsume = p_store + np.where(sv6, 20, 8)
+        p_reconsume = p_store + np.where(sv6, IPV6_HOST_SIZE, IPV4_HOST_SIZE)
         born_addr[wide] = _gather(a, p_born, 16) * np.where(bv6[:, None], 1, _V4_MASK).astype(np.uint8)
         store_addr[wide] = _gather(a, p_store, 16) * np.where(sv6[:, None], 1, _V4_MASK).astype(np.uint8)
-        f["born_port"][wide] = _be(a, p_born + np.where(bv6, 16, 4), ">i4")
+        f["born_port"][wide] = _be(a, p_born + np.where(bv6, IPV6_ADDRESS_SIZE, IPV4_ADDRESS_SIZE), ">i4")
         f["store_ts"][wide] = _be(a, p_store_ts, ">i8")
-        f["store_port"][wide] = _be(a, p_store + np.where(sv6, 16, 4), ">i4")
+        f["store_port"][wide] = _be(a, p_store + np.where(sv6, IPV6_ADDRESS_SIZE, IPV4_ADDRESS_SIZE), ">i4")
         f["reconsume"][wide] = _be(a, p_reconsume, ">i4")
         f["prepared"][wide] = _be(a, p_reconsume + 4, ">i8")
-        f["body_len"][wide] = _be(a, p_reconsume + 12, ">i4")
+        f["body_len"][wide] = _be(a, p_reconsume + TAIL_SIZE, ">i4")
         f["p_body"] = starts + _FIXED_V4_SIZE
-        f["p_body"][wide] = p_reconsume + 16
+        f["p_body"][wide] = p_reconsume + TAIL_SIZE + 4
     else:
         f["p_body"] = starts + _FIXED_V4_SIZE
     f["born_addr"], f["store_addr"] = born_addr, store_addr

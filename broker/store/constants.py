@@ -24,23 +24,7 @@ MESSAGE_MAGIC_CODES = (MESSAGE_MAGIC_CODE_V1, MESSAGE_MAGIC_CODE_V2)
 # --- commitlog record layout ------------------------------------------------------------------
 END_FILE_MIN_BLANK_LENGTH = 8  # a full file always keeps room for the BLANK header
 BLANK_HEADER_SIZE = 8
-POS_TOTAL_SIZE = 0
-POS_MAGIC = 4
-POS_BODY_CRC = 8
-POS_QUEUE_ID = 12
-POS_FLAG = 16
-POS_QUEUE_OFFSET = 20
-POS_PHYSICAL_OFFSET = 28
-POS_SYS_FLAG = 36
-POS_BORN_TIMESTAMP = 40
-POS_BORN_HOST = 48
-IPV4_HOST_SIZE = 8  # 4 address bytes + 4-byte port
-IPV6_HOST_SIZE = 20  # 16 address bytes + 4-byte port
-# Bytes of a record that do not depend on body, topic or properties, with two IPv4 hosts and a
-# V1 (1-byte) topic length: 91 + L + T + P (store-format.md 3.3).
-FIXED_RECORD_SIZE_V1_IPV4 = 91
-# Smallest possible well-formed message record (IPv4 hosts, empty body/topic/properties).
-MIN_MESSAGE_RECORD_SIZE = FIXED_RECORD_SIZE_V1_IPV4
+# field positions, host sizes and the fixed record size: broker/store/record_layout.py
 MAX_TOPIC_LENGTH_V1 = 127  # signed byte
 MAX_TOPIC_LENGTH = 127  # TopicValidator limit (characters), 4.x and 5.x
 MAX_PROPERTIES_LENGTH = 32767  # signed short

@@ -7,7 +7,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from broker.store.constants import IPV4_HOST_SIZE, IPV6_HOST_SIZE
+from broker.store.record_layout import IPV4_HOST_SIZE, IPV6_HOST_SIZE
 
 
 @dataclass(frozen=True, slots=True)

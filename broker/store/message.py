@@ -10,17 +10,14 @@ import struct
 from dataclasses import dataclass, field, replace
 
 from broker.store import compression
+from broker.store import findings as fk
 from broker.store.constants import (
-    BLANK_HEADER_SIZE,
-    BLANK_MAGIC_CODE,
     BORNHOST_V6_FLAG,
     CRC32_RESERVED_LENGTH,
     MAX_PROPERTIES_LENGTH,
     MESSAGE_MAGIC_CODE_V1,
     MESSAGE_MAGIC_CODE_V2,
-    MIN_MESSAGE_RECORD_SIZE,
     NAME_VALUE_SEPARATOR,
-    POS_BORN_HOST,
     PROPERTY_CRC32,
     PROPERTY_KEYS,
     PROPERTY_SEPARATOR,
@@ -35,28 +32,20 @@ from broker.store.crc import body_crc, crc32
 from broker.store.hosts import Host
 from broker.store.message_id import encode_offset_msg_id
 from broker.store.properties import decode_properties, split_keys
+from broker.store.record_check import BLANK, END, MAGIC_BLANK as _MAGIC_BLANK, RecordError, check_record
+from broker.store.record_layout import (
+    FIXED_RECORD_SIZE_V1_IPV4,
+    HEAD as _HEAD,
+    IPV4_HOST_SIZE,
+    IPV6_HOST_SIZE,
+    POS_BORN_HOST,
+    TAIL as _TAIL,
+)
 from broker.store import topics
 
-# TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, BORNTIMESTAMP
-_HEAD = struct.Struct(">iiiiiqqiq")
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
-_TAIL = struct.Struct(">iq")  # RECONSUMETIMES, PREPARED TRANSACTION OFFSET
 _BLANK = struct.Struct(">ii")
-
-_MAGIC_V1 = signed32(MESSAGE_MAGIC_CODE_V1)
-_MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
-_MAGIC_BLANK = signed32(BLANK_MAGIC_CODE)
-
-
-class RecordError(ValueError):
-    """A record could not be decoded. ``offset`` is the physical offset of the record start."""
-
-    def __init__(self, kind: str, offset: int, detail: str) -> None:
-        super().__init__(f"offset {offset}: {kind}: {detail}")
-        self.kind = kind
-        self.offset = offset
-        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +213,8 @@ def property_crc_value(digits: str) -> int:
 def record_size(body_len: int, topic_len: int, props_len: int, born_v6: bool = False,
                 store_v6: bool = False, v2: bool = False) -> int:
     """TOTALSIZE = 91 + L + T + P (+12 per IPv6 host, +1 for a V2 topic length)."""
-    return 91 + body_len + topic_len + props_len + 12 * born_v6 + 12 * store_v6 + int(v2)
+    return (FIXED_RECORD_SIZE_V1_IPV4 + body_len + topic_len + props_len
+            + (IPV6_HOST_SIZE - IPV4_HOST_SIZE) * (born_v6 + store_v6) + int(v2))
 
 
 def decode_record(buf: bytes | memoryview, pos: int, physical_offset: int | None = None,
@@ -236,62 +226,20 @@ def decode_record(buf: bytes | memoryview, pos: int, physical_offset: int | None
     :class:`RecordError` naming what is wrong; never a bare ``struct.error``.
     """
     phys = pos if physical_offset is None else physical_offset
-    end = len(buf) if limit is None else min(limit, len(buf))
-    if end - pos < BLANK_HEADER_SIZE:
-        raise RecordError("truncated_record", phys, f"only {end - pos} bytes left, a record header needs 8")
-    total_size, magic = _BLANK.unpack_from(buf, pos)
-    if magic == _MAGIC_BLANK:
-        if total_size < BLANK_HEADER_SIZE:
-            raise RecordError("bad_size", phys, f"BLANK record size {total_size} < 8")
-        return BlankRecord(phys, total_size)
-    if magic not in (_MAGIC_V1, _MAGIC_V2):
-        raise RecordError("bad_magic", phys, f"magic 0x{magic & 0xFFFFFFFF:08X} is not a RocketMQ record")
-    if total_size < MIN_MESSAGE_RECORD_SIZE:
-        raise RecordError("bad_size", phys, f"TOTALSIZE {total_size} < minimum {MIN_MESSAGE_RECORD_SIZE}")
-    if pos + total_size > end:
-        raise RecordError("truncated_record", phys,
-                          f"TOTALSIZE {total_size} runs past the end of data ({end - pos} bytes left)")
-    (_, _, crc, queue_id, flag, queue_offset, phys_field, sys_flag, born_ts) = _HEAD.unpack_from(buf, pos)
-    if phys_field != phys:
-        raise RecordError("offset_mismatch", phys, f"PHYSICALOFFSET field is {phys_field}, record is at {phys}")
-    rec_end = pos + total_size
-    try:
-        p = pos + POS_BORN_HOST
-        born_v6 = bool(sys_flag & BORNHOST_V6_FLAG)
-        store_v6 = bool(sys_flag & STOREHOSTADDRESS_V6_FLAG)
-        born_host = Host.decode(buf, p, born_v6)
-        p += born_host.size
-        (store_ts,) = struct.unpack_from(">q", buf, p)
-        p += 8
-        store_host = Host.decode(buf, p, store_v6)
-        p += store_host.size
-        reconsume, prepared = _TAIL.unpack_from(buf, p)
-        p += _TAIL.size
-        (body_len,) = _I32.unpack_from(buf, p)
-        p += 4
-        if body_len < 0 or p + body_len > rec_end:
-            raise RecordError("length_mismatch", phys, f"BODYLENGTH {body_len} does not fit TOTALSIZE {total_size}")
-        body = bytes(buf[p : p + body_len])
-        p += body_len
-        v2 = magic == _MAGIC_V2
-        if v2:
-            (topic_len,) = _I16.unpack_from(buf, p)
-            p += 2
-        else:
-            topic_len = struct.unpack_from(">b", buf, p)[0]
-            p += 1
-        if topic_len < 0 or p + topic_len > rec_end:
-            raise RecordError("length_mismatch", phys, f"TOPICLENGTH {topic_len} does not fit TOTALSIZE {total_size}")
-        topic = bytes(buf[p : p + topic_len]).decode("utf-8", "replace")
-        p += topic_len
-        (props_len,) = _I16.unpack_from(buf, p)
-        p += 2
-        if props_len < 0 or p + props_len != rec_end:
-            raise RecordError("length_mismatch", phys,
-                              f"field lengths add up to {p + max(props_len, 0) - pos}, TOTALSIZE says {total_size}")
-        props = bytes(buf[p : p + props_len]).decode("utf-8", "replace")
-    except struct.error as exc:  # only reachable when TOTALSIZE lies about a tiny record
-        raise RecordError("length_mismatch", phys, f"record fields run past TOTALSIZE {total_size}: {exc}") from None
+    checked = check_record(buf, pos, phys, limit)
+    if checked.kind == BLANK:
+        return BlankRecord(phys, checked.size)
+    if checked.kind == END:
+        raise RecordError(fk.BAD_MAGIC, phys, "magic 0x00000000 is not a RocketMQ record")
+    (total_size, magic, crc, queue_id, flag, queue_offset, phys_field, sys_flag, born_ts) = _HEAD.unpack_from(buf, pos)
+    p = pos + POS_BORN_HOST
+    born_host = Host.decode(buf, p, bool(sys_flag & BORNHOST_V6_FLAG))
+    store_host = Host.decode(buf, p + born_host.size + 8, bool(sys_flag & STOREHOSTADDRESS_V6_FLAG))
+    reconsume, prepared = _TAIL.unpack_from(buf, p + born_host.size + 8 + store_host.size)
+    store_ts = checked.store_timestamp
+    body = bytes(buf[checked.body_at:checked.body_at + checked.body_len])
+    topic = bytes(buf[checked.topic_at:checked.topic_at + checked.topic_len]).decode("utf-8", "replace")
+    props = bytes(buf[checked.props_at:checked.props_at + checked.props_len]).decode("utf-8", "replace")
     return MessageRecord(
         topic=topic, body=body, properties_raw=props, queue_id=queue_id, flag=flag,
         queue_offset=queue_offset, physical_offset=phys_field, sys_flag=sys_flag, born_timestamp=born_ts,

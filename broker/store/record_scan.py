@@ -26,13 +26,12 @@ from broker.store.constants import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V1,
     MESSAGE_MAGIC_CODE_V2,
-    MIN_MESSAGE_RECORD_SIZE,
-    POS_PHYSICAL_OFFSET,
     signed32,
 )
+from broker.store.record_layout import MIN_MESSAGE_RECORD_SIZE, POS_PHYSICAL_OFFSET
 from broker.store.findings import Finding
 
-_HDR = struct.Struct(">ii20xq")  # TOTALSIZE, MAGIC, (skip), PHYSICALOFFSET at +28
+_HDR = struct.Struct(f">ii{POS_PHYSICAL_OFFSET - 8}xq")  # TOTALSIZE, MAGIC, (skip), PHYSICALOFFSET
 _SIZE_MAGIC = struct.Struct(">ii")
 _PHYS = struct.Struct(">q")
 _MAGIC_V1 = signed32(MESSAGE_MAGIC_CODE_V1)

@@ -38,7 +38,8 @@ from great_expectations.expectations.expectation import Expectation
 from great_expectations.expectations.metadata_types import FailureSeverity
 from great_expectations.expectations.row_conditions import Column
 
-from broker.store.constants import DEFAULT_MAX_MESSAGE_SIZE, MAX_RECORD_OVERHEAD, MIN_MESSAGE_RECORD_SIZE
+from broker.store.constants import DEFAULT_MAX_MESSAGE_SIZE, MAX_RECORD_OVERHEAD
+from broker.store.record_layout import MIN_MESSAGE_RECORD_SIZE
 from broker.store.topics import DLQ_GROUP_TOPIC_PREFIX
 from schemas.contract import TableContract
 from schemas.messages import MESSAGES_TABLE

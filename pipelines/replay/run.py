@@ -34,7 +34,7 @@ from broker.remoting.bodies import MessageQueue
 from pipelines.lake import open_table, read_table, table_exists, table_location, table_path
 from pipelines.replay import ledger
 from pipelines.replay.lineage import replay_key, validate_run_id
-from pipelines.replay.selection import Selection, SelectionError, explain_empty, messages_frame, plan_frame
+from pipelines.replay.selection import Selection, explain_empty, messages_frame, plan_frame
 from pipelines.replay.sender import ANY_QUEUE, TaskResult, TaskSender, TaskSpec
 from pipelines.replay.target import Target, TargetError, check_topic_allowed, now_ms, queue_list
 from pipelines.storage import Location

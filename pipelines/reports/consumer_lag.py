@@ -51,18 +51,8 @@ import pyarrow.fs as pafs
 
 from broker.store.commitlog import CommitLog
 from broker.store.config_files import StoreConfig, SubscriptionGroupConfig, load_store_config
-from broker.store.constants import (
-    BORNHOST_V6_FLAG,
-    COMMITLOG_DIR,
-    CONFIG_DIR,
-    IPV4_HOST_SIZE,
-    IPV6_HOST_SIZE,
-    MESSAGE_MAGIC_CODES,
-    POS_BORN_HOST,
-    POS_PHYSICAL_OFFSET,
-    POS_SYS_FLAG,
-    signed32,
-)
+from broker.store.constants import COMMITLOG_DIR, CONFIG_DIR, MESSAGE_MAGIC_CODES, signed32
+from broker.store.record_layout import POS_PHYSICAL_OFFSET, POS_SYS_FLAG, STORE_TIMESTAMP_PROBE, read_store_timestamp
 from broker.store.consume_queue import ConsumeQueue, list_queues
 from broker.store.topics import RETRY_GROUP_TOPIC_PREFIX
 from pipelines.store_files import StoreFile, StoreFiles
@@ -92,10 +82,8 @@ def _internal_groups() -> frozenset[str]:
 # Store timestamps at physical offsets
 # =====================================================================================================
 _HEADER = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
-_I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _MAGICS = frozenset(signed32(m) for m in MESSAGE_MAGIC_CODES)
-_HEADER_BYTES = POS_BORN_HOST + IPV6_HOST_SIZE + 8  # enough for STORETIMESTAMP with either host size
 
 
 class StoreTimestampReader:
@@ -149,21 +137,20 @@ class StoreTimestampReader:
         if seg is None:
             return self._miss(physical_offset, "no commitlog file holds it")
         try:
-            data = self._read(seg, physical_offset - seg.base, _HEADER_BYTES)
+            data = self._read(seg, physical_offset - seg.base, STORE_TIMESTAMP_PROBE)
         except OSError as exc:
             return self._miss(physical_offset, str(exc))
-        if len(data) < POS_BORN_HOST + IPV4_HOST_SIZE + 8:
+        if len(data) < POS_SYS_FLAG + 4:
             return self._miss(physical_offset, "past the end of its file")
         total_size, magic = _HEADER.unpack_from(data, 0)
         if magic not in _MAGICS or total_size != size:
             return self._miss(physical_offset, f"no message record of {size} bytes there (size {total_size})")
         if _I64.unpack_from(data, POS_PHYSICAL_OFFSET)[0] != physical_offset:
             return self._miss(physical_offset, "PHYSICALOFFSET field does not match")
-        sys_flag = _I32.unpack_from(data, POS_SYS_FLAG)[0]
-        at = POS_BORN_HOST + (IPV6_HOST_SIZE if sys_flag & BORNHOST_V6_FLAG else IPV4_HOST_SIZE)
-        if len(data) < at + 8:
+        try:
+            return read_store_timestamp(data)
+        except struct.error:
             return self._miss(physical_offset, "header cut short")
-        return _I64.unpack_from(data, at)[0]
 
     def _miss(self, physical_offset: int, why: str) -> None:
         self.unreadable += 1
