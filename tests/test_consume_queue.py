@@ -31,6 +31,9 @@ from broker.store.consume_queue import (
     is_ext_address,
     list_queues,
     tags_code_for,
+    MinOffsetRule,
+    QueueFiles,
+    queue_dir,
 )
 from broker.store.delay import parse_delay_levels
 from broker.store.topics import SCHEDULE_TOPIC
@@ -500,3 +503,50 @@ def test_refresh_sees_appends_by_another_writer(tmp_path):
     assert reader.max_offset == 0  # what was read is kept until refresh
     reader.refresh()
     assert (reader.max_offset, reader.unit_at(2).commitlog_offset, reader.findings) == (3, 200, [])
+
+
+# ---- the broker's reader (QueueFiles) and the inspector's agree ----------------------------------------------
+
+def _queue_of(tmp_path: Path, units: int, per_file: int = 10) -> tuple[Path, int]:
+    """A queue of ``units`` units (unit i points at commitlog offset 100 * i, 100 bytes)."""
+    with ConsumeQueue(tmp_path, "G", 0, 20 * per_file) as cq:
+        for i in range(units):
+            assert cq.put(i, 100 * i, 100, i)
+    return queue_dir(tmp_path, "G", 0), 20 * per_file
+
+
+def test_deleted_middle_file_is_skipped_and_reported_not_dropped(tmp_path, caplog):
+    from broker.server.message_store import ConsumeQueueView
+
+    directory, size = _queue_of(tmp_path, 35)
+    os.remove(directory / "00000000000000000200")  # units 10..19
+    view = ConsumeQueueView(tmp_path, "G", 0, size, max_offset=35)
+    assert view.read_units(5, 32)["commitlog_offset"].tolist() == [500, 600, 700, 800, 900]  # up to file end
+    with caplog.at_level("WARNING"):
+        assert len(view.read_units(12, 32)) == 0
+        assert len(view.read_units(15, 32)) == 0
+    assert [r.getMessage() for r in caplog.records if "missing" in r.getMessage()] == [
+        f"consume queue {directory}: file 00000000000000000200 is missing; its units are skipped"]  # once
+    assert view.read_units(20, 32)["commitlog_offset"].tolist() == [100 * i for i in range(20, 30)]
+    assert view.read_units(30, 32)["commitlog_offset"].tolist() == [100 * i for i in range(30, 35)]
+    inspector = ConsumeQueue(tmp_path, "G", 0, size)
+    assert inspector.units()["logical_offset"].tolist() == list(range(10)) + list(range(20, 35))
+    assert [f.kind for f in inspector.findings] == [fk.FILE_GAP]
+    assert (inspector.min_offset, inspector.max_offset) == (view.min_offset, view.max_offset) == (0, 35)
+
+
+def test_min_offset_rules(tmp_path):
+    from broker.server.message_store import ConsumeQueueView
+
+    directory, size = _queue_of(tmp_path, 25)
+    commitlog_min = 1200  # units 0..11 point at records already deleted: the first file has none left
+    view = ConsumeQueueView(tmp_path, "G", 0, size, max_offset=25, commitlog_min_offset=commitlog_min)
+    inspector = ConsumeQueue(tmp_path, "G", 0, size, commitlog_min_offset=commitlog_min)
+    assert view.min_offset == inspector.min_offset == 12
+    apache = ConsumeQueueView(tmp_path, "G", 0, size, max_offset=25, commitlog_min_offset=commitlog_min,
+                              min_offset_rule=MinOffsetRule.FIRST_FILE)
+    assert apache.min_offset == 25  # Apache's first-file rule: no readable unit there, the queue looks empty
+    files = QueueFiles(directory, size)
+    assert files.min_offset(commitlog_min, 25) == 12
+    assert files.min_offset(0, 25) == 0 and files.min_offset(10_000, 25) == 25
+    assert files.unit(24) == (2400, 100, 24) and files.unit(25) == (0, 0, 0)

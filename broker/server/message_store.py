@@ -44,7 +44,6 @@ from broker.store.checkpoint import Checkpoint, CheckpointError, checkpoint_path
 from broker.store.commitlog import CommitLog, CommitLogWriter, offset_to_file_name
 from broker.store.constants import (
     CONSUME_QUEUE_DIR,
-    CQ_FILL_UNIT_SIZE,
     CQ_STORE_UNIT_SIZE,
     DEFAULT_MAPPED_FILE_SIZE_COMMITLOG,
     DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE,
@@ -67,7 +66,7 @@ from broker.store.constants import (
     TRANSACTION_TYPE_MASK,
     signed32,
 )
-from broker.store.consume_queue import CQ_UNIT_DTYPE, ConsumeQueueDispatcher
+from broker.store.consume_queue import CQ_UNIT_DTYPE, ConsumeQueueDispatcher, MinOffsetRule, QueueFiles
 from broker.store.delay import parse_delay_levels
 from broker.store.hosts import Host
 from broker.store.index_file import LONG_MAX, IndexService
@@ -263,7 +262,8 @@ class StoreError(RuntimeError):
 # Consume queue read side
 # =====================================================================================================
 class ConsumeQueueView:
-    """Read side of one consume queue: units are ``pread`` from the files on demand.
+    """Read side of one consume queue in the running broker: units are read on demand through
+    :class:`~broker.store.consume_queue.QueueFiles` (the store's one random-access queue reader).
 
     Nothing is cached but the queue's written end (advanced by the dispatcher after its ``pwrite``)
     and the derived min offset, so a pull costs one small read per CQ file it touches, whatever
@@ -271,18 +271,18 @@ class ConsumeQueueView:
     """
 
     def __init__(self, store_dir: Path, topic: str, queue_id: int, file_size: int, max_offset: int = 0,
-                 max_phy_end: int = -1, commitlog_min_offset: int = 0) -> None:
+                 max_phy_end: int = -1, commitlog_min_offset: int = 0,
+                 min_offset_rule: MinOffsetRule = MinOffsetRule.ALL_FILES) -> None:
         self.topic = topic
         self.queue_id = queue_id
-        self.directory = store_dir / CONSUME_QUEUE_DIR / topic / str(queue_id)
+        self.files = QueueFiles(store_dir / CONSUME_QUEUE_DIR / topic / str(queue_id), file_size)
+        self.directory = self.files.directory
         self.file_size = file_size
         self.max_offset = max_offset  # logical offset just past the last unit
         self.max_phy_end = max_phy_end  # phy + size of the last unit (-1: none)
         self._commitlog_min = commitlog_min_offset
+        self._min_rule = min_offset_rule
         self._min_offset: int | None = None
-
-    def _file_path(self, base: int) -> Path:
-        return self.directory / offset_to_file_name(base)
 
     def read_units(self, start: int, count: int) -> np.ndarray:
         """Up to ``count`` units from logical ``start`` (big-endian :data:`CQ_UNIT_DTYPE` rows),
@@ -290,20 +290,7 @@ class ConsumeQueueView:
         end = self.max_offset
         if start < 0 or start >= end or count <= 0:
             return np.empty(0, CQ_UNIT_DTYPE)
-        byte = start * CQ_STORE_UNIT_SIZE
-        base = byte - byte % self.file_size
-        pos = byte - base
-        n = min(count, end - start, (self.file_size - pos) // CQ_STORE_UNIT_SIZE)
-        try:
-            fd = os.open(self._file_path(base), os.O_RDONLY)
-        except FileNotFoundError:
-            return np.empty(0, CQ_UNIT_DTYPE)
-        try:
-            data = os.pread(fd, n * CQ_STORE_UNIT_SIZE, pos)
-        finally:
-            os.close(fd)
-        usable = len(data) - len(data) % CQ_STORE_UNIT_SIZE
-        return np.frombuffer(data[:usable], CQ_UNIT_DTYPE)
+        return self.files.read(start, min(count, end - start))
 
     def unit(self, offset: int) -> tuple[int, int, int] | None:
         """``(phy, size, tagsCode)`` at a logical offset, None outside the written range."""
@@ -314,29 +301,15 @@ class ConsumeQueueView:
 
     @property
     def min_offset(self) -> int:
-        """First unit that is not a pre-blank fill and points into the commitlog (``correctMinOffset``);
-        the written end for an empty queue. Derived once from the first file, then cached."""
-        if self._min_offset is not None:
-            return self._min_offset
-        files = sorted(p.name for p in self.directory.iterdir()) if self.directory.is_dir() else []
-        files = [n for n in files if len(n) == 20 and n.isdigit()]
-        if not files:
-            return self.max_offset
-        base = int(files[0])
-        first = base // CQ_STORE_UNIT_SIZE
-        chunk = 4096
-        offset = first
-        while offset < self.max_offset and offset < first + self.file_size // CQ_STORE_UNIT_SIZE:
-            rows = self.read_units(offset, chunk)
-            if not len(rows):
-                break
-            ok = (rows["commitlog_offset"] >= self._commitlog_min) & ~(
-                (rows["commitlog_offset"] == 0) & (rows["size"] == CQ_FILL_UNIT_SIZE) & (rows["tags_code"] == 0))
-            if ok.any():
-                self._min_offset = offset + int(np.argmax(ok))
-                return self._min_offset
-            offset += len(rows)
-        return self.max_offset
+        """First readable unit (not a pre-blank fill, its record still in the commitlog:
+        ``correctMinOffset``), by the view's :class:`MinOffsetRule`; the written end for an empty
+        queue. Derived once, then cached."""
+        if self._min_offset is None:
+            found = self.files.min_offset(self._commitlog_min, self.max_offset, self._min_rule)
+            if found == self.max_offset:
+                return found  # nothing readable yet: ask again once the queue grows
+            self._min_offset = found
+        return self._min_offset
 
 
 class QueueRegistry:

@@ -32,13 +32,12 @@ from broker.store.checkpoint import CheckpointError, read_checkpoint
 from broker.store.commitlog import CommitLog, Segment, list_segments
 from broker.store.constants import (
     CONSUME_QUEUE_DIR,
-    CQ_FILL_UNIT_SIZE,
     CQ_STORE_UNIT_SIZE,
     INDEX_DIR,
 )
 from broker.store.record_check import BLANK, MAGIC_V1, MAGIC_V2, MESSAGE, RecordError, check_record
 from broker.store.record_layout import POS_MAGIC, STORE_TIMESTAMP_PROBE, read_store_timestamp
-from broker.store.consume_queue import list_queues
+from broker.store.consume_queue import QueueFiles, is_data_unit, is_fill_unit, list_queues
 from broker.store.index_file import IndexFile, IndexService, index_file_size, parse_index_file_name
 from broker.store.record_scan import scan_records
 
@@ -48,7 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _I32 = struct.Struct(">i")
-_CQ_UNIT = struct.Struct(">qiq")
 _NORMAL_RECOVERY_FILES = 3  # Apache's normal recovery starts at the 3rd-last commitlog file
 _CHUNK = 1 << 20
 _CQ_JUNK_WINDOW = 64 * 1024  # bytes after a queue's end checked for torn units
@@ -299,35 +297,9 @@ def _truncate_commitlog(segments: list[Segment], seg_size: int, end: int, stop_s
 # =====================================================================================================
 # Consume queues
 # =====================================================================================================
-class _QueueFile:
-    """Unit-level random access to one CQ file with ``pread`` (a missing tail reads as zeros)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.fd = os.open(path, os.O_RDONLY)
-
-    def unit(self, i: int) -> tuple[int, int, int]:
-        data = os.pread(self.fd, CQ_STORE_UNIT_SIZE, i * CQ_STORE_UNIT_SIZE)
-        if len(data) < CQ_STORE_UNIT_SIZE:
-            data = data.ljust(CQ_STORE_UNIT_SIZE, b"\0")
-        return _CQ_UNIT.unpack(data)
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-def _is_fill(phy: int, size: int, tags: int) -> bool:
-    return phy == 0 and size == CQ_FILL_UNIT_SIZE and tags == 0
-
-
-def _is_valid(unit: tuple[int, int, int]) -> bool:
-    """Apache's end-of-queue rule: a unit is data while ``phy >= 0 and size > 0``."""
-    return unit[0] >= 0 and unit[1] > 0
-
-
 def _is_kept(unit: tuple[int, int, int], commitlog_end: int) -> bool:
     """Fill units and units whose record ends at or before the commitlog end survive a trim."""
-    return _is_fill(*unit) or unit[0] + unit[1] <= commitlog_end
+    return is_fill_unit(*unit) or unit[0] + unit[1] <= commitlog_end
 
 
 def _first_false(n: int, pred) -> int:
@@ -350,36 +322,35 @@ def trim_queue(directory: Path, file_size: int, commitlog_end: int, report: Reco
     order followed by zeros), so opening a store with many long queues stays cheap.
     """
     files = _check_sizes(list_segments(directory), file_size, "consume queue")
-    per_file = file_size // CQ_STORE_UNIT_SIZE
+    reader = QueueFiles(directory, file_size)
+    per_file = reader.units_per_file
     while files:
         seg = files[-1]
-        qf = _QueueFile(seg.path)
-        try:
-            n = _first_false(per_file, lambda i: _is_valid(qf.unit(i)))
-            k = _first_false(n, lambda i: _is_kept(qf.unit(i), commitlog_end))
-            if k == 0 and len(files) > 1:
-                report.cq_units_truncated += n
-                report.cq_files_deleted += 1
-                log.warning("consume queue %s: deleting %s (no unit below commitlog end %d)",
-                            directory, seg.name, commitlog_end)
-                seg.path.unlink()
-                files.pop()
-                continue
-            start = k * CQ_STORE_UNIT_SIZE
-            window = os.pread(qf.fd, n * CQ_STORE_UNIT_SIZE - start + _CQ_JUNK_WINDOW, start)
-            tail = _last_nonzero(window, 0, len(window))
-            if tail:
-                report.cq_units_truncated += max(n - k, 1)
-                log.warning("consume queue %s/%s: zeroing %d bytes from logical offset %d (commitlog end %d)",
-                            directory, seg.name, tail, seg.base // CQ_STORE_UNIT_SIZE + k, commitlog_end)
-                _zero_range(seg.path, start, start + tail)
-            phy_end = -1
-            if k > 0:
-                unit = qf.unit(k - 1)
-                phy_end = -1 if _is_fill(*unit) else unit[0] + unit[1]
-            return QueueTail(seg.base // CQ_STORE_UNIT_SIZE + k, phy_end)
-        finally:
-            qf.close()
+        first = seg.base // CQ_STORE_UNIT_SIZE
+        n = _first_false(per_file, lambda i: is_data_unit(*reader.unit(first + i)[:2]))
+        k = _first_false(n, lambda i: _is_kept(reader.unit(first + i), commitlog_end))
+        if k == 0 and len(files) > 1:
+            report.cq_units_truncated += n
+            report.cq_files_deleted += 1
+            log.warning("consume queue %s: deleting %s (no unit below commitlog end %d)",
+                        directory, seg.name, commitlog_end)
+            seg.path.unlink()
+            files.pop()
+            continue
+        start = k * CQ_STORE_UNIT_SIZE
+        with open(seg.path, "rb") as fh:
+            window = os.pread(fh.fileno(), n * CQ_STORE_UNIT_SIZE - start + _CQ_JUNK_WINDOW, start)
+        tail = _last_nonzero(window, 0, len(window))
+        if tail:
+            report.cq_units_truncated += max(n - k, 1)
+            log.warning("consume queue %s/%s: zeroing %d bytes from logical offset %d (commitlog end %d)",
+                        directory, seg.name, tail, first + k, commitlog_end)
+            _zero_range(seg.path, start, start + tail)
+        phy_end = -1
+        if k > 0:
+            unit = reader.unit(first + k - 1)
+            phy_end = -1 if is_fill_unit(*unit) else unit[0] + unit[1]
+        return QueueTail(first + k, phy_end)
     return QueueTail(0, -1)
 
 

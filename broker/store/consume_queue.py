@@ -14,6 +14,7 @@ recovery would stop.
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import re
@@ -267,6 +268,126 @@ def _read_file(path: Path, length: int) -> bytes:
     return data if len(data) == length else data + bytes(length - len(data))
 
 
+# ---- what a unit means: the rules every reader of a queue applies ------------------------------------------
+
+def is_data_unit(phy: int, size: int) -> bool:
+    """Apache's end-of-queue rule: a unit is data while ``phy >= 0 and size > 0`` (zeros end it)."""
+    return phy >= 0 and size > 0
+
+
+def is_fill_unit(phy: int, size: int, tags: int) -> bool:
+    """A pre-blank fill unit ``(0, 0x7FFFFFFF, 0)``: looks like data, points at nothing."""
+    return phy == 0 and size == CQ_FILL_UNIT_SIZE and tags == 0
+
+
+def data_mask(rows: np.ndarray) -> np.ndarray:
+    """:func:`is_data_unit` over :data:`CQ_UNIT_DTYPE` rows."""
+    return (rows["commitlog_offset"] >= 0) & (rows["size"] > 0)
+
+
+def fill_mask(rows: np.ndarray) -> np.ndarray:
+    """:func:`is_fill_unit` over :data:`CQ_UNIT_DTYPE` rows."""
+    return (rows["commitlog_offset"] == 0) & (rows["size"] == CQ_FILL_UNIT_SIZE) & (rows["tags_code"] == 0)
+
+
+def readable_mask(rows: np.ndarray, commitlog_min_offset: int) -> np.ndarray:
+    """Units a consumer can read: not a fill unit, and their record still in the commitlog."""
+    return (rows["commitlog_offset"] >= commitlog_min_offset) & ~fill_mask(rows)
+
+
+class MinOffsetRule(enum.Enum):
+    """Where a queue's minimum offset is looked for.
+
+    ``ALL_FILES`` (the default, for the broker and the inspector alike): the first readable unit
+    of the queue, in whichever file it is. ``FIRST_FILE``: Apache's ``correctMinOffset``, which
+    looks at the first file only (Apache deletes expired queue files whole, so there the first
+    file holds it); a first file without a readable unit then makes the queue look empty."""
+
+    ALL_FILES = "all_files"
+    FIRST_FILE = "first_file"
+
+
+class QueueFiles:
+    """Random access to one queue's units by logical offset, one ``pread`` per read.
+
+    The reader of the running broker (pulls, queue views) and of its recovery: nothing is cached,
+    so what another process appends is seen at once, and a read costs one small system call
+    whatever the queue's length. A read never crosses a file boundary (as Apache's
+    ``getIndexBuffer``); a missing file reads as no units and is logged once, so a consumer moves
+    on to the next file (Apache's ``rollNextFile``) and the gap is on record. Bulk, whole-queue
+    reads with findings are :class:`ConsumeQueue`'s."""
+
+    def __init__(self, directory: Path, file_size: int) -> None:
+        if file_size <= 0 or file_size % CQ_STORE_UNIT_SIZE:
+            raise ValueError(f"consume queue file size must be a positive multiple of 20, got {file_size}")
+        self.directory = directory
+        self.file_size = file_size
+        self.units_per_file = file_size // CQ_STORE_UNIT_SIZE
+        self._missing_logged: set[int] = set()
+
+    def path_of(self, base: int) -> Path:
+        """The file starting at byte ``base`` of the queue's stream."""
+        return self.directory / offset_to_file_name(base)
+
+    def bases(self) -> list[int]:
+        """Byte bases of the queue's files, in order (20-digit names only)."""
+        if not self.directory.is_dir():
+            return []
+        names = [p.name for p in self.directory.iterdir()]
+        return sorted(int(n) for n in names if len(n) == 20 and n.isdigit() and int(n) % CQ_STORE_UNIT_SIZE == 0)
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """Up to ``count`` units from logical ``start`` (big-endian :data:`CQ_UNIT_DTYPE` rows),
+        stopping at the end of ``start``'s file; a short file's missing tail reads as nothing."""
+        if start < 0 or count <= 0:
+            return np.empty(0, CQ_UNIT_DTYPE)
+        byte = start * CQ_STORE_UNIT_SIZE
+        base = byte - byte % self.file_size
+        pos = byte - base
+        n = min(count, (self.file_size - pos) // CQ_STORE_UNIT_SIZE)
+        try:
+            fd = os.open(self.path_of(base), os.O_RDONLY)
+        except FileNotFoundError:
+            if base not in self._missing_logged:
+                self._missing_logged.add(base)
+                log.warning("consume queue %s: file %s is missing; its units are skipped",
+                            self.directory, offset_to_file_name(base))
+            return np.empty(0, CQ_UNIT_DTYPE)
+        try:
+            data = os.pread(fd, n * CQ_STORE_UNIT_SIZE, pos)
+        finally:
+            os.close(fd)
+        usable = len(data) - len(data) % CQ_STORE_UNIT_SIZE
+        return np.frombuffer(data[:usable], CQ_UNIT_DTYPE)
+
+    def unit(self, logical: int) -> tuple[int, int, int]:
+        """``(phy, size, tagsCode)`` at a logical offset; zeros where nothing is written."""
+        rows = self.read(logical, 1)
+        if not len(rows):
+            return 0, 0, 0
+        return int(rows["commitlog_offset"][0]), int(rows["size"][0]), int(rows["tags_code"][0])
+
+    def min_offset(self, commitlog_min_offset: int, end: int, rule: MinOffsetRule = MinOffsetRule.ALL_FILES,
+                   chunk: int = 4096) -> int:
+        """First readable unit below ``end`` (:func:`readable_mask`), files in order as ``rule``
+        says; ``end`` when there is none (an empty queue)."""
+        bases = self.bases()
+        if rule is MinOffsetRule.FIRST_FILE:
+            bases = bases[:1]
+        for base in bases:
+            offset = base // CQ_STORE_UNIT_SIZE
+            stop = min(end, offset + self.units_per_file)
+            while offset < stop:
+                rows = self.read(offset, min(chunk, stop - offset))
+                if not len(rows):
+                    break
+                ok = readable_mask(rows, commitlog_min_offset)
+                if ok.any():
+                    return offset + int(np.argmax(ok))
+                offset += len(rows)
+        return end
+
+
 # ---- ConsumeQueue ------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +405,7 @@ class ConsumeQueueUnit:
     @property
     def is_fill(self) -> bool:
         """A pre-blank fill unit ``(0, 0x7FFFFFFF, 0)``: looks valid, points at nothing."""
-        return self.commitlog_offset == 0 and self.size == CQ_FILL_UNIT_SIZE and self.tags_code == 0
+        return is_fill_unit(self.commitlog_offset, self.size, self.tags_code)
 
 
 @dataclass(slots=True)
@@ -297,10 +418,6 @@ class _Chunk:
     @property
     def stop(self) -> int:
         return self.first + len(self.rows)
-
-
-def _fill_mask(rows: np.ndarray) -> np.ndarray:
-    return (rows["commitlog_offset"] == 0) & (rows["size"] == CQ_FILL_UNIT_SIZE) & (rows["tags_code"] == 0)
 
 
 class ConsumeQueue:
@@ -379,7 +496,7 @@ class ConsumeQueue:
         end_byte = self.files[0].base if self.files else 0
         for i, qf in enumerate(self.files):
             rows = np.frombuffer(self._read(qf), CQ_UNIT_DTYPE)
-            valid = (rows["commitlog_offset"] >= 0) & (rows["size"] > 0)
+            valid = data_mask(rows)
             n = len(rows) if valid.all() else int(np.argmin(valid))
             if n:
                 chunks.append(_Chunk(qf.base // CQ_STORE_UNIT_SIZE, rows[:n]))
@@ -449,7 +566,7 @@ class ConsumeQueue:
             return
         rows = np.concatenate([c.rows for c in chunks])
         logical = np.concatenate([np.arange(c.first, c.stop, dtype=np.int64) for c in chunks])
-        fill = _fill_mask(rows)
+        fill = fill_mask(rows)
         real = ~fill
         if real.any():
             first_real = int(np.argmax(real))
@@ -494,7 +611,7 @@ class ConsumeQueue:
             return cached
         answer = None
         for chunk in chunks:
-            ok = (chunk.rows["commitlog_offset"] >= commitlog_min_offset) & ~_fill_mask(chunk.rows)
+            ok = readable_mask(chunk.rows, commitlog_min_offset)
             if ok.any():
                 answer = chunk.first + int(np.argmax(ok))
                 break
@@ -512,7 +629,7 @@ class ConsumeQueue:
     def max_physic_offset(self) -> int:
         """``phy + size`` of the last real unit, -1 for none (Apache's ``maxPhysicOffset``)."""
         for chunk in reversed(self._scan()):
-            real = np.flatnonzero(~_fill_mask(chunk.rows))
+            real = np.flatnonzero(~fill_mask(chunk.rows))
             if real.size:
                 row = chunk.rows[int(real[-1])]
                 return int(row["commitlog_offset"]) + int(row["size"])
