@@ -60,10 +60,10 @@ from broker.store.constants import (
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_RETRY_TOPIC,
-    TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
-    TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
+    is_indexed,
+    is_queued,
     signed32,
 )
 from broker.store.consume_queue import CQ_UNIT_DTYPE, ConsumeQueueDispatcher, MinOffsetRule, QueueFiles
@@ -417,13 +417,12 @@ class Dispatcher:
         touched: dict[tuple[str, int], list[int]] = {}  # queue -> [first offset, next offset, phy end]
         changed = 0
         for rec in records:
-            txn = rec.sys_flag & TRANSACTION_TYPE_MASK
             did = False
-            if txn != TRANSACTION_ROLLBACK_TYPE and rec.physical_offset > self._index_watermark:
+            if is_indexed(rec.sys_flag) and rec.physical_offset > self._index_watermark:
                 with self.index_lock:
                     did = self.index.dispatch(rec) > 0
                     self._index_watermark = rec.physical_offset
-            if txn in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE) and self.cq.dispatch(rec):
+            if is_queued(rec.sys_flag) and self.cq.dispatch(rec):
                 did = True
                 span = touched.setdefault((rec.topic, rec.queue_id), [rec.queue_offset, 0, 0])
                 span[1:] = [rec.queue_offset + 1, rec.physical_offset + rec.total_size]
@@ -926,8 +925,7 @@ class MessageStore:
     def _apply_delay(self, rec: MessageRecord) -> MessageRecord | None:
         """``CommitLog.asyncPutMessage``'s delay rewrite (4.x does it in the store); None if
         ``DELAY`` is not a number (Java's parseInt would throw)."""
-        txn = rec.sys_flag & TRANSACTION_TYPE_MASK
-        if txn not in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE):
+        if not is_queued(rec.sys_flag):
             return rec
         props = rec.properties
         level = _delay_level(props)

@@ -24,9 +24,7 @@ from broker.store.constants import (
     END_FILE_MIN_BLANK_LENGTH,
     FILE_NAME_DIGITS,
     PROPERTY_CRC32,
-    TRANSACTION_PREPARED_TYPE,
-    TRANSACTION_ROLLBACK_TYPE,
-    TRANSACTION_TYPE_MASK,
+    is_queued,
 )
 from broker.store.findings import Finding
 from broker.store.message import BlankRecord, MessageRecord, RecordError, decode_record
@@ -290,9 +288,8 @@ class CommitLogWriter:
         self._new_file(self._base + self.segment_size)
 
     def _place(self, rec: MessageRecord, store_timestamp: int) -> MessageRecord:
-        txn = rec.sys_flag & TRANSACTION_TYPE_MASK
         key = (rec.topic, rec.queue_id)
-        if txn in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
+        if not is_queued(rec.sys_flag):
             queue_offset = 0
         else:
             queue_offset = self.queue_offsets.get(key, 0)

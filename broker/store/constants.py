@@ -50,6 +50,23 @@ COMPRESSION_ZLIB = 0x300
 
 # Names used in the inspector's JSON and the Delta tables, indexed by the 2-bit transaction type.
 TRANSACTION_TYPE_NAMES = ("NOT", "PREPARED", "COMMIT", "ROLLBACK")
+# The dispatcher's transaction rule (DefaultMessageStore.CommitLogDispatcherBuildConsumeQueue /
+# BuildIndex): a plain or committed message is queued (gets a queue offset and a consume-queue
+# unit); a half (PREPARED) or ROLLBACK record is not. Everything but ROLLBACK is indexed.
+QUEUED_TRANSACTION_TYPES = (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
+QUEUED_TRANSACTION_TYPE_NAMES = tuple(TRANSACTION_TYPE_NAMES[t >> 2] for t in QUEUED_TRANSACTION_TYPES)
+NOT_INDEXED_TRANSACTION_TYPE = TRANSACTION_ROLLBACK_TYPE
+NOT_INDEXED_TRANSACTION_TYPE_NAME = TRANSACTION_TYPE_NAMES[NOT_INDEXED_TRANSACTION_TYPE >> 2]
+
+
+def is_queued(sys_flag: int) -> bool:
+    """Whether a record with this sysFlag is queued (see ``QUEUED_TRANSACTION_TYPES``)."""
+    return sys_flag & TRANSACTION_TYPE_MASK in QUEUED_TRANSACTION_TYPES
+
+
+def is_indexed(sys_flag: int) -> bool:
+    """Whether a record with this sysFlag is indexed (everything but ROLLBACK)."""
+    return sys_flag & TRANSACTION_TYPE_MASK != NOT_INDEXED_TRANSACTION_TYPE
 COMPRESSION_NAMES = ("NONE", "ZLIB", "LZ4", "ZSTD")
 COMPRESSION_NONE, COMPRESSION_NAME_ZLIB, COMPRESSION_NAME_LZ4, COMPRESSION_NAME_ZSTD = COMPRESSION_NAMES
 COMPRESSION_BITS_BY_NAME = {"ZLIB": COMPRESSION_ZLIB, "LZ4": COMPRESSION_LZ4, "ZSTD": COMPRESSION_ZSTD}

@@ -42,9 +42,7 @@ from broker.store.constants import (
     DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE_EXT,
     PROPERTY_DELAY,
     PROPERTY_TAGS,
-    TRANSACTION_COMMIT_TYPE,
-    TRANSACTION_NOT_TYPE,
-    TRANSACTION_TYPE_MASK,
+    is_queued,
 )
 from broker.store.delay import clamp_level, deliver_timestamp, parse_delay_levels
 from broker.store.findings import Finding
@@ -901,7 +899,7 @@ class ConsumeQueueDispatcher:
 
     def dispatch(self, record: MessageRecord) -> bool:
         """Queue one record; False when it is not queued (transaction type) or already was."""
-        if record.sys_flag & TRANSACTION_TYPE_MASK not in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE):
+        if not is_queued(record.sys_flag):
             return False
         code = tags_code_for(record.topic, record.properties, record.store_timestamp, self.delay_levels)
         return self.queue(record.topic, record.queue_id).put(

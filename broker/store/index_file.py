@@ -38,9 +38,9 @@ from broker.store.constants import (
     INDEX_KEY_JOINER,
     PROPERTY_KEYS,
     PROPERTY_UNIQ_KEY,
-    TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
     TRANSACTION_TYPE_NAMES,
+    is_indexed,
 )
 from broker.store.consume_queue import RecordSource, to_arrow_table
 from broker.store.findings import Finding
@@ -509,7 +509,7 @@ class IndexService:
         ``transaction_type`` is a name (``"NOT"``, ``"PREPARED"``, ``"COMMIT"``, ``"ROLLBACK"``) or
         sysFlag bits.
         """
-        if _transaction_bits(transaction_type) == TRANSACTION_ROLLBACK_TYPE:
+        if not is_indexed(_transaction_bits(transaction_type)):
             return 0
         f = self._writable_last()
         if phy_offset < f.header.end_phy_offset:
@@ -532,7 +532,7 @@ class IndexService:
         indexed offset" rule would then skip the record for good. Entries go in a fixed order
         (UNIQ_KEY, then each KEYS token), so the ones on disk are a prefix of that order; counted
         over the last two files, as a full file rolls over mid-record."""
-        if _transaction_bits(record.sys_flag) == TRANSACTION_ROLLBACK_TYPE:
+        if not is_indexed(record.sys_flag):
             return 0
         props = record.properties
         uniq = props.get(PROPERTY_UNIQ_KEY)

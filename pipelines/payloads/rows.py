@@ -18,14 +18,14 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker.store.constants import TRANSACTION_TYPE_NAMES
+from broker.store.constants import QUEUED_TRANSACTION_TYPE_NAMES
 from pipelines.payloads.declarations import Declarations
 from schemas.payloads import PAYLOAD_METADATA_NAMES, PAYLOAD_QUARANTINE, PAYLOAD_QUARANTINE_TABLE
 
 log = logging.getLogger(__name__)
 
 # transaction types of records consumers receive (NOT = no transaction, COMMIT = committed)
-DELIVERED_TRANSACTION_TYPES = pa.array([TRANSACTION_TYPE_NAMES[0], TRANSACTION_TYPE_NAMES[2]], pa.string())
+DELIVERED_TRANSACTION_TYPES = pa.array(QUEUED_TRANSACTION_TYPE_NAMES, pa.string())
 
 
 def payload_outputs(declarations: Declarations) -> list[tuple[str, pa.Schema, list[str]]]:

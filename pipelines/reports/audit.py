@@ -86,6 +86,8 @@ from broker.store.constants import (
     INDEX_HASH_SLOT_SIZE,
     INDEX_HEADER_SIZE,
     INDEX_KEY_JOINER,
+    NOT_INDEXED_TRANSACTION_TYPE_NAME,
+    QUEUED_TRANSACTION_TYPE_NAMES,
 )
 from broker.store.topics import (
     DLQ_GROUP_TOPIC_PREFIX,
@@ -131,8 +133,6 @@ CQ_MISSING = fk.CQ_MISSING
 CQ_OFFSET_GAP = fk.CQ_OFFSET_GAP
 KINDS = AUDIT_KINDS  # declared with the audit_findings table (schemas.reports)
 
-DISPATCHED_TRANSACTION_TYPES = ("NOT", "COMMIT")  # what the CQ dispatcher queues
-NOT_INDEXED_TRANSACTION_TYPE = "ROLLBACK"          # what IndexService.buildIndex skips
 _CRC_REASON_PREFIX = CRC_MISMATCH + ":"
 _FINDING_COLUMNS = ["broker_name", "kind", "file", "offset", "commitlog_offset", "topic", "queue_id", "detail"]
 _UINT32 = 1 << 32
@@ -433,7 +433,7 @@ def queue_findings(inputs: AuditInputs, layouts: list[StoreLayout], bounds: Boun
     wrong_offset = c("rec_queue_offset") != c("queue_offset")
     kind = (F.when(has_unit & ~has_rec & (c("phy") >= rec_lo) & (c("phy") < rec_hi), F.lit(CQ_DANGLING))
             .when(has_unit & has_rec & (other_queue | wrong_size | wrong_offset), F.lit(CQ_MISMATCH))
-            .when(~has_unit & c("txn").isin(*DISPATCHED_TRANSACTION_TYPES) & (c("phy") <= last_dispatched),
+            .when(~has_unit & c("txn").isin(*QUEUED_TRANSACTION_TYPE_NAMES) & (c("phy") <= last_dispatched),
                   F.lit(CQ_MISSING)))
     joined = units.join(recs, ["broker_name", "phy"], "full").withColumn("kind", kind).filter(c("kind").isNotNull())
     missing = c("kind") == CQ_MISSING
@@ -502,7 +502,7 @@ def index_findings(inputs: AuditInputs, layouts: list[StoreLayout], bounds: Boun
     empty_keys = F.array().cast("array<string>")
     keys = F.array_distinct(F.concat(F.when(c("uniq_key").isNotNull(), F.array(c("uniq_key"))).otherwise(empty_keys),
                                      F.coalesce(c("keys"), empty_keys)))
-    wanted = (inputs.records.filter((c("transaction_type") != NOT_INDEXED_TRANSACTION_TYPE)
+    wanted = (inputs.records.filter((c("transaction_type") != NOT_INDEXED_TRANSACTION_TYPE_NAME)
                                     & (c("commitlog_offset") >= idx_lo) & (c("commitlog_offset") <= idx_hi))
               .select("broker_name", "commitlog_offset", "topic", "queue_id", F.explode(keys).alias("key"))
               .withColumn("key_hash", index_key_hash_col(F.concat(c("topic"), F.lit(INDEX_KEY_JOINER), c("key")))))
@@ -545,7 +545,7 @@ def duplicate_uniq_key_findings(inputs: AuditInputs, layouts: list[StoreLayout])
     c = F.col
     topic = c("topic")
     candidates = inputs.records.filter(
-        c("transaction_type").isin(*DISPATCHED_TRANSACTION_TYPES) & c("uniq_key").isNotNull()
+        c("transaction_type").isin(*QUEUED_TRANSACTION_TYPE_NAMES) & c("uniq_key").isNotNull()
         & ~topic.startswith(RETRY_GROUP_TOPIC_PREFIX) & ~topic.startswith(DLQ_GROUP_TOPIC_PREFIX)
         & ~topic.isin(*sorted(SYSTEM_TOPICS)) & ~topic.startswith(SYSTEM_TOPIC_PREFIX))
     group = Window.partitionBy("broker_name", "topic", "uniq_key")
