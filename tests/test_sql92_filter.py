@@ -23,6 +23,7 @@ from broker.server.filter.expressions import EvaluationError
 from broker.server.filter.java_values import JInt, JLong, parse_double
 from broker.server.filter.sql92 import SelectorError, compile_selector, parse, tokenize
 from broker.server.processors import BrokerCore, Request
+from broker.server.settings import BrokerSettings, settings_from_mapping, to_properties
 from broker.store.config_files import TopicConfig
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord
@@ -296,8 +297,9 @@ def test_malformed_expressions_are_refused_never_no_match(store):
     assert _pull(core, "a >") == (ResponseCode.SUBSCRIPTION_PARSE_FAILED, None, [],
                                   f"parse the consumer's subscription failed: {detail}")
     _heartbeat(core, "G", SubscriptionData("Props", "a >", expression_type="SQL92"))
-    assert _pull(core, None) == (ResponseCode.FILTER_DATA_NOT_EXIST, None, [],
-                                 f"The broker's consumer filter data is not exist!Your expression may be wrong! {detail}")
+    assert _pull(core, None) == (
+        ResponseCode.FILTER_DATA_NOT_EXIST, None, [],
+        f"The broker's consumer filter data is not exist!Your expression may be wrong! {detail}")
     assert _check(core, "x > 1", "JAVA") == (
         ResponseCode.SUBSCRIPTION_PARSE_FAILED,
         "expression type JAVA is not supported: the broker filters by TAG or SQL92")
@@ -335,6 +337,12 @@ def test_retry_topic_uses_the_groups_subscription_to_the_original_topic(store):
     assert _pull(core, "*", 1, topic="%RETRY%G", expression_type="TAG", max_nums=1) == (0, "3", [2], None)
     # with the switch off the broker evaluates no SQL92: every retry is delivered
     assert _pull(_core(store, enabled=False), "*", topic="%RETRY%G", expression_type="TAG")[2] == list(range(6))
+
+
+def test_enable_property_filter_setting():
+    assert BrokerSettings().enable_property_filter is False  # Apache's default
+    assert settings_from_mapping({"enablePropertyFilter": "true"}).enable_property_filter is True
+    assert "enablePropertyFilter=false\n" in to_properties(BrokerSettings())  # GET_BROKER_CONFIG shows it
 
 
 # ---- a real broker and our client -------------------------------------------------------------------

@@ -56,7 +56,7 @@ from broker.remoting.headers import (
     ViewMessageRequestHeader,
 )
 from broker.server.clients import ClientRegistry, Notify
-from broker.server.filter.consumer_filter import Refusal, check_client_config, parse_tag_filter, pull_filter
+from broker.server.filter.consumer_filter import Refusal, check_client_config, pull_filter
 from broker.server.message_store import GetStatus, MessageStore, PutResult, PutStatus
 from broker.store.batch import BatchFormatError, decode_batch
 from broker.store.config_files import ConfigFileError, SubscriptionGroupConfig, TopicConfig
