@@ -157,6 +157,22 @@ def test_tokens_and_cache():
     assert str(first.value) == str(second.value)
 
 
+def test_long_chains_evaluate_and_deep_nesting_is_a_clear_error():
+    chain = parse(" AND ".join(f"p{i} = {i}" for i in range(3000)))  # Apache nests these 3000 levels deep
+    props = {f"p{i}": str(i) for i in range(3000)}
+    assert chain.evaluate(props) is True
+    assert chain.evaluate({**props, "p2999": "0"}) is False
+    assert chain.evaluate({k: v for k, v in props.items() if k != "p1500"}) is None
+    assert parse(" OR ".join(["a = 2"] * 3000) + " OR a = 1").evaluate({"a": "1"}) is True
+    assert parse("(" * 100 + "a = 1" + ")" * 100).evaluate({"a": "1"}) is True
+    with pytest.raises(SelectorError) as err:
+        parse("(" * 101 + "a = 1" + ")" * 101)
+    assert (err.value.detail, err.value.column) == (
+        "the expression nests more than 100 parentheses or prefix operators (at line 1, column 102)", 102)
+    with pytest.raises(SelectorError, match="nests more than 100"):
+        parse("NOT " * 101 + "a")
+
+
 @pytest.mark.parametrize("expression, message, line, column", [
     ("a >", 'Encountered <EOF> at line 1, column 4. Was expecting a literal, a property name, "(", "+", "-" or NOT.',
      1, 4),
@@ -181,6 +197,8 @@ def test_tokens_and_cache():
     ("a > 'x'", "Value ''x'' cannot be compared. (at line 1, column 3)", 1, 3),
     ("a > TRUE", "Value 'TRUE' cannot be compared. (at line 1, column 3)", 1, 3),
     ("(a > 1) > 2", "Value '(a > 1)' cannot be compared. (at line 1, column 9)", 1, 9),
+    ("(a = 1 AND b = 2 OR c = 3) > 5", "Value '(((a == 1) && (b == 2)) || (c == 3))' cannot be compared. "
+                                       "(at line 1, column 28)", 1, 28),
     ("a BETWEEN 5 AND 1", "Illegal values of between, left value(5) must less than or equal to right value(1) "
                           "(at line 1, column 3)", 1, 3),
     ("a BETWEEN 'a' AND 'b'", "Value ''a'' cannot be compared. (at line 1, column 3)", 1, 3),

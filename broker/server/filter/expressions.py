@@ -47,6 +47,10 @@ class Expression:
     def evaluate(self, props: Properties) -> Any:
         raise NotImplementedError
 
+    def children(self) -> tuple[Expression, ...]:
+        return tuple(v for v in (getattr(self, name, None) for name in ("left", "right", "operand", "prop"))
+                     if isinstance(v, Expression))
+
 
 class Constant(Expression):
     def __init__(self, value: Value, boolean: bool = False) -> None:
@@ -197,46 +201,46 @@ class Compare(Expression):
         return f"({self.left} {self.op} {self.right})"
 
 
-class And(Expression):
+class _Logic(Expression):
+    """AND / OR over two or more operands. Apache nests ``a AND b AND c`` as ``((a AND b) AND c)``;
+    one flat node evaluates the same way (left to right, stopping at the first deciding value)
+    without a level of recursion per operand, so long generated chains stay cheap."""
+
     boolean = True
+    symbol = ""
+    decides = False  # the value that settles the result: FALSE for AND, TRUE for OR
 
     def __init__(self, left: Expression, right: Expression) -> None:
-        self.left, self.right = left, right
+        self.operands: tuple[Expression, ...] = tuple(
+            op for side in (left, right) for op in (side.operands if type(side) is type(self) else (side,)))
+
+    def children(self) -> tuple[Expression, ...]:
+        return self.operands
 
     def evaluate(self, props: Properties) -> bool | None:
-        lv = self.left.evaluate(props)
-        if lv is False:
-            return False
-        rv = self.right.evaluate(props)
-        if rv is False:
-            return False
-        if lv is None or rv is None:
-            return None
-        return True
+        unknown = False
+        for operand in self.operands:
+            value = operand.evaluate(props)
+            if value is self.decides:
+                return self.decides
+            unknown = unknown or value is None
+        return None if unknown else not self.decides
 
     def __str__(self) -> str:
-        return f"({self.left} && {self.right})"
+        text = str(self.operands[0])
+        for operand in self.operands[1:]:
+            text = f"({text} {self.symbol} {operand})"
+        return text
 
 
-class Or(Expression):
-    boolean = True
+class And(_Logic):
+    symbol = "&&"
+    decides = False
 
-    def __init__(self, left: Expression, right: Expression) -> None:
-        self.left, self.right = left, right
 
-    def evaluate(self, props: Properties) -> bool | None:
-        lv = self.left.evaluate(props)
-        if lv is True:
-            return True
-        rv = self.right.evaluate(props)
-        if rv is True:
-            return True
-        if lv is None or rv is None:
-            return None
-        return False
-
-    def __str__(self) -> str:
-        return f"({self.left} || {self.right})"
+class Or(_Logic):
+    symbol = "||"
+    decides = True
 
 
 class Selector:

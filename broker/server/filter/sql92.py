@@ -22,6 +22,10 @@ Besides the grammar, Apache rejects some well-formed expressions while building 
 ``a = NULL``, ``a BETWEEN 5 AND 1``, a bare number as the whole selector, ``0.0`` as a literal…);
 those are rejected here too. Every error is a :class:`SelectorError` naming what is wrong and the
 line and column where it is. :func:`compile_selector` caches results (and errors) per text.
+
+One limit Apache does not have (its bound is the JVM stack): more than :data:`MAX_NESTING`
+parentheses or prefix operators inside one another are refused, so parsing and evaluating never
+exhaust Python's recursion limit. Chains of AND/OR have no limit.
 """
 
 from __future__ import annotations
@@ -59,6 +63,9 @@ from broker.server.filter.java_values import (
 
 KEYWORDS = frozenset({"NOT", "AND", "OR", "BETWEEN", "IN", "TRUE", "FALSE", "NULL", "IS"})
 CACHE_SIZE = 256  # Apache keeps 100 parsed selectors; a few more cost nothing
+# Parsing and evaluating recurse: bounds keep a pathological selector a clear error, not a RecursionError
+MAX_NESTING = 100  # parentheses and prefix operators (+, -, NOT) inside one another
+MAX_DEPTH = 400  # levels of the compiled tree (a chain of ANDs or ORs is one level)
 
 
 class SelectorError(ValueError):
@@ -254,6 +261,15 @@ class _Parser:
     def __init__(self, text: str) -> None:
         self.tokens = tokenize(text)
         self.i = 0
+        self.nesting = 0
+
+    def enter(self) -> None:
+        """One more parenthesis or prefix operator around what follows."""
+        self.nesting += 1
+        if self.nesting > MAX_NESTING:
+            tok = self.tok
+            raise SelectorError(f"the expression nests more than {MAX_NESTING} parentheses or prefix operators "
+                                f"(at line {tok.line}, column {tok.column})", tok.line, tok.column)
 
     @property
     def tok(self) -> Token:
@@ -374,17 +390,18 @@ class _Parser:
         return self.next().text[1:-1].replace("''", "'")
 
     def unary(self) -> Expression:
-        if self.is_("OP", "+"):
-            self.next()
-            return self.unary()
-        if self.is_("OP", "-"):
-            self.next()
-            return Negate(self.unary())
-        if self.is_("KEYWORD", "NOT"):
-            self.next()
-            operand_start = self.tok
-            return Not(self.build(operand_start, _as_boolean, self.unary()))
-        return self.primary()
+        if not (self.is_("OP", "+") or self.is_("OP", "-") or self.is_("KEYWORD", "NOT")):
+            return self.primary()
+        op = self.next()
+        self.enter()
+        operand_start = self.tok
+        operand = self.unary()
+        self.nesting -= 1
+        if op.text == "+":
+            return operand
+        if op.text == "-":
+            return Negate(operand)
+        return Not(self.build(operand_start, _as_boolean, operand))
 
     def primary(self) -> Expression:
         tok = self.tok
@@ -404,8 +421,10 @@ class _Parser:
             return Property(tok.text)
         if self.is_("OP", "("):
             self.next()
+            self.enter()
             e = self.or_()
             self.expect("OP", ")", 'an operator or ")"')
+            self.nesting -= 1
             return e
         raise self.fail('a literal, a property name, "(", "+", "-" or NOT')
 
@@ -414,7 +433,20 @@ def parse(text: str) -> Selector:
     """Compile ``text``; raises :class:`SelectorError`. Uncached: use :func:`compile_selector`."""
     if text is None or not text.strip():
         raise SelectorError("the expression is empty", 1, 1)
-    return Selector(text, _Parser(text).selector())
+    root = _Parser(text).selector()
+    depth = _depth(root)
+    if depth > MAX_DEPTH:
+        raise SelectorError(f"the expression is {depth} levels deep; at most {MAX_DEPTH} are supported", 1, 1)
+    return Selector(text, root)
+
+
+def _depth(root: Expression) -> int:
+    deepest, stack = 0, [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in node.children())
+    return deepest
 
 
 _cache: OrderedDict[str, Selector | SelectorError] = OrderedDict()
