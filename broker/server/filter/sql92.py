@@ -25,7 +25,8 @@ line and column where it is. :func:`compile_selector` caches results (and errors
 
 One limit Apache does not have (its bound is the JVM stack): more than :data:`MAX_NESTING`
 parentheses or prefix operators inside one another are refused, so parsing and evaluating never
-exhaust Python's recursion limit. Chains of AND/OR have no limit.
+exhaust Python's recursion limit; so is a compiled tree deeper than :data:`MAX_DEPTH` (reachable only
+with chains such as ``a = b = c = …``). Chains of AND/OR are one level, whatever their length.
 """
 
 from __future__ import annotations
