@@ -16,6 +16,7 @@ from typing import Callable
 
 from broker.client.instance import ClientLifecycle, MQClientError
 from broker.remoting.bodies import (
+    CheckClientRequestBody,
     ConsumeFromWhere,
     ConsumerData,
     ConsumeType,
@@ -25,7 +26,7 @@ from broker.remoting.bodies import (
     MessageQueue,
     SubscriptionData,
 )
-from broker.remoting.codes import PullSysFlag, RequestCode, ResponseCode
+from broker.remoting.codes import ExpressionType, PullSysFlag, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.store.message import MessageRecord, RecordError, decode_record
 from broker.store.topics import retry_topic
@@ -93,13 +94,18 @@ class PullConsumer(ClientLifecycle):
         return self.client.broker_addr(mq.broker_name, mq.topic)
 
     def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, expression: str = "*",
-             suspend_ms: int = 0) -> PullResult:
-        """One PULL_MESSAGE. ``suspend_ms`` > 0 lets the broker hold it (long polling)."""
+             suspend_ms: int = 0, expression_type: str = ExpressionType.TAG) -> PullResult:
+        """One PULL_MESSAGE. ``suspend_ms`` > 0 lets the broker hold it (long polling).
+
+        ``expression`` is a tag list (``*``, ``TagA || TagB``) or, with ``expression_type``
+        SQL92, a property selector such as ``a > 5 AND b = 'x'`` (the broker must run with
+        enablePropertyFilter); either way only matching messages come back and
+        ``next_begin_offset`` moves past the rest."""
         flags = PullSysFlag.SUBSCRIPTION | (PullSysFlag.SUSPEND if suspend_ms > 0 else 0)
         ext = {"consumerGroup": self.group, "topic": mq.topic, "queueId": mq.queue_id, "queueOffset": offset,
                "maxMsgNums": max_nums, "sysFlag": int(flags), "commitOffset": 0,
                "suspendTimeoutMillis": suspend_ms or 20_000, "subscription": expression, "subVersion": 0,
-               "expressionType": "TAG"}
+               "expressionType": expression_type}
         timeout = self.timeout + suspend_ms / 1000
         resp = self.client.invoke(self._addr(mq), RemotingCommand.request(RequestCode.PULL_MESSAGE, ext), timeout)
         status = _PULL_STATUS.get(resp.code)
@@ -109,10 +115,27 @@ class PullConsumer(ClientLifecycle):
         result = PullResult(status, int(e.get("nextBeginOffset", offset)), int(e.get("minOffset", 0)),
                             int(e.get("maxOffset", 0)))
         if status is PullStatus.FOUND:
-            wanted = _tags_filter(expression)
+            wanted = _tags_filter(expression) if expression_type == ExpressionType.TAG else None
             result.messages = [m for m in decode_records(resp.body)
                                if wanted is None or m.tags in wanted]
         return result
+
+    def check_client_config(self, topic: str, expression: str, expression_type: str) -> None:
+        """CHECK_CLIENT_CONFIG to every master of ``topic``, as the Java consumer does when it starts:
+        raises :class:`MQClientError` (the broker's code and remark) when a broker cannot serve the
+        subscription (SQL92 without enablePropertyFilter, or an expression that does not compile)."""
+        if expression_type == ExpressionType.TAG:
+            return
+        route = self.client.route(topic, refresh=True)
+        if route is None:  # no broker serves the topic yet: nothing to ask (as the Java consumer)
+            return
+        body = CheckClientRequestBody(self.client.client_id, self.group,
+                                      SubscriptionData(topic, expression, expression_type=expression_type))
+        for addr in route.masters.values():
+            resp = self.client.invoke(addr, RemotingCommand.request(RequestCode.CHECK_CLIENT_CONFIG,
+                                                                    body=body.encode()))
+            if resp.code != ResponseCode.SUCCESS:
+                raise MQClientError(f"CODE: {resp.code}  DESC: {resp.remark}", resp.code)
 
     def _offset_request(self, code: int, mq: MessageQueue, **extra) -> RemotingCommand:
         ext = {"consumerGroup": self.group, "topic": mq.topic, "queueId": mq.queue_id, **extra}
@@ -155,16 +178,20 @@ def allocate_averagely(queues: list[MessageQueue], ids: list[str], me: str) -> l
 
 class PushConsumer(PullConsumer):
     """A simple clustering push consumer: heartbeat, rebalance, long-polling pull loops, offset
-    commits every few seconds, and send-back (→ %RETRY%) when the listener raises."""
+    commits every few seconds, and send-back (→ %RETRY%) when the listener raises.
+
+    ``expression`` selects by tags, or with ``expression_type="SQL92"`` by properties
+    (``seq IS NOT NULL``); :meth:`start` asks the brokers first and raises if one refuses."""
 
     def __init__(self, group: str, namesrv_addr: str, listener: Callable[[MessageRecord], None], *,
-                 topic: str, expression: str = "*",
+                 topic: str, expression: str = "*", expression_type: str = ExpressionType.TAG,
                  consume_from: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
                  timeout: float = 3.0, instance_name: str = "DEFAULT") -> None:
         super().__init__(group, namesrv_addr, timeout=timeout, instance_name=instance_name)
         self.listener = listener
         self.topic = topic
         self.expression = expression
+        self.expression_type = expression_type
         self.consume_from = consume_from
         self._stop = threading.Event()
         self._offsets: dict[MessageQueue, int] = {}
@@ -175,7 +202,9 @@ class PushConsumer(PullConsumer):
     def _heartbeat(self) -> None:
         subs = [SubscriptionData(retry_topic(self.group), "*"),
                 SubscriptionData(self.topic, self.expression, int(time.time() * 1000),
-                                 sorted(_tags_filter(self.expression) or []))]
+                                 sorted(_tags_filter(self.expression) or [])
+                                 if self.expression_type == ExpressionType.TAG else [],
+                                 expression_type=self.expression_type)]
         data = HeartbeatData(self.client.client_id, consumers=[ConsumerData(
             self.group, ConsumeType.CONSUME_PASSIVELY, MessageModel.CLUSTERING, self.consume_from, subs)])
         for addr in self.client.known_brokers().values():
@@ -223,8 +252,10 @@ class PushConsumer(PullConsumer):
             try:
                 if offset is None:
                     offset = self._start_offset(mq)
-                result = self.pull(mq, offset, 32, "*" if mq.topic.startswith("%RETRY%") else self.expression,
-                                   suspend_ms=2_000)
+                if mq.topic.startswith("%RETRY%"):  # the broker applies the topic's SQL92 selector to retries
+                    result = self.pull(mq, offset, 32, "*", suspend_ms=2_000)
+                else:
+                    result = self.pull(mq, offset, 32, self.expression, 2_000, self.expression_type)
             except Exception as exc:
                 log.info("pull %s failed: %s", mq, exc)
                 self._stop.wait(1.0)
@@ -267,6 +298,11 @@ class PushConsumer(PullConsumer):
             lambda cmd: threading.Thread(target=self._rebalance, daemon=True).start()
         self.client.route(self.topic, refresh=True)
         self.client.route(retry_topic(self.group), refresh=True)
+        try:
+            self.check_client_config(self.topic, self.expression, self.expression_type)
+        except Exception:
+            super().shutdown()
+            raise
         self._heartbeat()
         self._rebalance()
         threading.Thread(target=self._background, name="consumer-background", daemon=True).start()

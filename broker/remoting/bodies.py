@@ -547,6 +547,32 @@ class HeartbeatData:
         return cls.from_json(_root(body, "heartbeat"))
 
 
+@dataclass
+class CheckClientRequestBody:
+    """CHECK_CLIENT_CONFIG request: can the broker serve this subscription (SQL92 filtering)?"""
+
+    client_id: str | None = None
+    group: str | None = None
+    subscription_data: SubscriptionData | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _bean({"clientId": self.client_id, "group": self.group,
+                      "subscriptionData": None if self.subscription_data is None else self.subscription_data.to_json()})
+
+    def encode(self) -> bytes:
+        return dumps_json(self.to_json())
+
+    @classmethod
+    def decode(cls, body: bytes | str) -> CheckClientRequestBody:
+        if not body:  # nothing to check
+            return cls()
+        data = _root(body, "check client request")
+        client_id, group, sub = data.get("clientId"), data.get("group"), data.get("subscriptionData")
+        return cls(client_id=None if client_id is None else _str(client_id, "clientId"),
+                   group=None if group is None else _str(group, "group"),
+                   subscription_data=None if sub is None else SubscriptionData.from_json(sub, "subscriptionData"))
+
+
 # =====================================================================================================
 # Small bodies (section 11.3)
 # =====================================================================================================

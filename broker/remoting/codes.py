@@ -199,6 +199,13 @@ class PullSysFlag(IntFlag):
     LITE_PULL_MESSAGE = 0x10
 
 
+class ExpressionType:
+    """``expressionType`` of a subscription (``org.apache.rocketmq.common.filter.ExpressionType``)."""
+
+    TAG = "TAG"
+    SQL92 = "SQL92"
+
+
 class PermName(IntFlag):
     """Topic / broker permission bits (section 9.1). Normal topics have 6, ``TBW102`` 7."""
 

@@ -180,7 +180,8 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     core = BrokerCore(store, cluster_name=settings.broker_cluster_name, broker_name=settings.broker_name,
                       broker_addr=settings.broker_addr, max_message_size=settings.max_message_size,
                       auto_create_topic=settings.auto_create_topic_enable, on_topics_changed=registrar.changed,
-                      config_text=to_properties(settings))
+                      config_text=to_properties(settings),
+                      enable_property_filter=settings.enable_property_filter)
     server: IpcServer | None = None
 
     def handle(req: Request) -> Reply:

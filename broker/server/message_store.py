@@ -1008,7 +1008,8 @@ class MessageStore:
             return -1
 
     def get_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
-                     max_bytes: int = 256 * 1024, tag_filter: set[str] | None = None) -> GetResult:
+                     max_bytes: int = 256 * 1024, tag_filter: set[str] | None = None,
+                     property_filter: Callable[[dict[str, str]], bool] | None = None) -> GetResult:
         """PULL_MESSAGE's store read (``DefaultMessageStore.getMessage``, 4.9.8).
 
         Statuses: empty queue → NO_MESSAGE_IN_QUEUE (next 0); offset < min → OFFSET_TOO_SMALL
@@ -1018,7 +1019,9 @@ class MessageStore:
         answers NO_MATCHED_LOGIC_QUEUE. At most ``max(800, max_msgs)`` units of one CQ file are
         scanned; the first message is always returned, then the batch stops at ``max_msgs`` or
         when the next record would pass ``max_bytes``. ``tag_filter`` (tag strings; ``*`` or None =
-        all) is matched on the CQ tag hash, then on the record's TAGS (hash collisions).
+        all) is matched on the CQ tag hash, then on the record's TAGS (hash collisions);
+        ``property_filter`` (SQL92 subscriptions) is asked with each candidate's properties. Units
+        either filter rejects are skipped, and ``next_begin_offset`` still moves past them.
         """
         self._require_open()
         try:
@@ -1069,9 +1072,11 @@ class MessageStore:
                 if not parts:
                     status = GetStatus.MESSAGE_WAS_REMOVING
                 continue
-            if tags_wanted is not None:
+            if tags_wanted is not None or property_filter is not None:
                 rec = decode_record(data, 0, phy)
-                if not isinstance(rec, MessageRecord) or rec.tags not in tags_wanted:
+                if not isinstance(rec, MessageRecord) or (tags_wanted is not None and rec.tags not in tags_wanted):
+                    continue
+                if property_filter is not None and not property_filter(rec.properties):
                     continue
             parts.append(data)
             queue_offsets.append(offset + i)

@@ -22,6 +22,7 @@ from typing import Callable
 
 from broker.remoting.bodies import (
     BodyError,
+    CheckClientRequestBody,
     ConsumeStats,
     ConsumerIdList,
     HeartbeatData,
@@ -55,6 +56,7 @@ from broker.remoting.headers import (
     ViewMessageRequestHeader,
 )
 from broker.server.clients import ClientRegistry, Notify
+from broker.server.filter.consumer_filter import Refusal, check_client_config, pull_filter
 from broker.server.message_store import GetStatus, MessageStore, PutResult, PutStatus
 from broker.store.batch import BatchFormatError, decode_batch
 from broker.store.config_files import ConfigFileError, SubscriptionGroupConfig, TopicConfig
@@ -157,23 +159,14 @@ _PUT_CODES = {
 }
 
 
-def parse_tag_filter(expression: str | None) -> set[str] | None:
-    """``TagA || TagB`` → {"TagA", "TagB"}; ``*`` or empty → no filter."""
-    if expression is None:
-        return None
-    tags = {t.strip() for t in expression.split("||") if t.strip()}
-    if not tags or "*" in tags:
-        return None
-    return tags
-
-
 class BrokerCore:
     """All request handling against one open MessageStore."""
 
     def __init__(self, store: MessageStore, *, cluster_name: str, broker_name: str, broker_addr: str,
                  max_message_size: int, auto_create_topic: bool = True,
                  on_topics_changed: Callable[[], None] | None = None,
-                 clients: ClientRegistry | None = None, config_text: str = "") -> None:
+                 clients: ClientRegistry | None = None, config_text: str = "",
+                 enable_property_filter: bool = False) -> None:
         self.store = store
         self.cluster_name = cluster_name
         self.broker_name = broker_name
@@ -182,6 +175,7 @@ class BrokerCore:
         self.max_message_size = max_message_size
         self.auto_create_topic = auto_create_topic
         self.config_text = config_text
+        self.enable_property_filter = enable_property_filter  # enablePropertyFilter: SQL92 subscriptions
         self.clients = clients or ClientRegistry()
         self.on_topics_changed = on_topics_changed or (lambda: None)
         self._uniq = UniqKeyGenerator(ip=self.store_host.address if len(self.store_host.address) == 4 else None)
@@ -202,6 +196,7 @@ class BrokerCore:
             RequestCode.QUERY_MESSAGE: self.query_message,
             RequestCode.HEART_BEAT: self.heart_beat,
             RequestCode.UNREGISTER_CLIENT: self.unregister_client,
+            RequestCode.CHECK_CLIENT_CONFIG: self.check_client_config,
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.get_consumer_list_by_group,
             RequestCode.CONSUMER_SEND_MSG_BACK: self.consumer_send_msg_back,
             RequestCode.LOCK_BATCH_MQ: self.lock_batch_mq,
@@ -396,7 +391,7 @@ class BrokerCore:
                           f"queueId[{h.queue_id}] is illegal, topic:[{h.topic}] readQueueNums:[{config.read_queue_nums}]")
         flags = h.sys_flag
         if flags & PullSysFlag.SUBSCRIPTION:
-            tag_filter = parse_tag_filter(h.subscription)
+            expression_type, expression = h.expression_type, h.subscription
             # a pull consumer states its subscription here, not in heartbeats: record it (cheap on repeats)
             self.store.groups.add_subscription(h.consumer_group, h.topic, h.expression_type, h.subscription,
                                                h.sub_version)
@@ -405,9 +400,14 @@ class BrokerCore:
             if sub is None:
                 return _error(ResponseCode.SUBSCRIPTION_NOT_EXIST,
                               f"the consumer's subscription not exist, group: {h.consumer_group}")
-            tag_filter = parse_tag_filter(sub.sub_string)
+            expression_type, expression = sub.expression_type, sub.sub_string
+        selects = pull_filter(h.topic, expression_type, expression, from_request=bool(flags & PullSysFlag.SUBSCRIPTION),
+                              enabled=self.enable_property_filter, subscription_of=self.clients.subscription)
+        if isinstance(selects, Refusal):
+            return _error(selects.code, selects.remark)
         got = self.store.get_messages(h.topic, h.queue_id, h.queue_offset,
-                                      max(1, min(h.max_msg_nums, MAX_PULL_MESSAGES)), MAX_PULL_BYTES, tag_filter)
+                                      max(1, min(h.max_msg_nums, MAX_PULL_MESSAGES)), MAX_PULL_BYTES, selects.tags,
+                                      selects.properties)
         if got.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE):
             code = ResponseCode.PULL_OFFSET_MOVED if h.queue_offset != 0 else ResponseCode.PULL_NOT_FOUND
         else:
@@ -501,6 +501,16 @@ class BrokerCore:
                         [(s.topic, s.expression_type, s.sub_string, s.sub_version) for s in consumer.subscriptions])
         notes = self.clients.heartbeat(req.channel, data, req.language, req.version)
         return Reply(notify=notes)
+
+    def check_client_config(self, req: Request) -> Reply:
+        """CHECK_CLIENT_CONFIG: can this broker serve the subscription (a SQL92 one needs
+        enablePropertyFilter and an expression that compiles)? The Java consumer asks when it starts."""
+        body = CheckClientRequestBody.decode(req.body)
+        refusal = check_client_config(body.subscription_data, self.enable_property_filter)
+        if refusal is not None:
+            log.info("client %s of %s: %s", body.client_id, body.group, refusal.remark)
+            return _error(refusal.code, refusal.remark)
+        return Reply()
 
     def unregister_client(self, req: Request) -> Reply:
         h = UnregisterClientRequestHeader.from_ext(req.ext)

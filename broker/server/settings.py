@@ -65,6 +65,7 @@ class BrokerSettings:
     short_polling_time_mills: int = 1_000
     max_transfer_count_on_message_in_memory: int = 32
     max_transfer_bytes_on_message_in_memory: int = 256 * 1024
+    enable_property_filter: bool = False  # SQL92 subscriptions (Apache's default: off)
     client_channel_max_idle_time_seconds: int = 120
     max_frame_length: int = 16 * 1024 * 1024
 
