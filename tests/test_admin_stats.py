@@ -4,6 +4,7 @@ broker/server/admin_stats.py): in-process against a BrokerCore with fake clocks,
 from __future__ import annotations
 
 import json
+import re
 import signal
 
 import pytest
@@ -378,7 +379,8 @@ def test_query_consume_time_span(env):
 
 
 # ---- over a socket, through the admin client -----------------------------------------------------------
-def test_admin_client_against_a_real_broker(tmp_path):
+def test_admin_client_against_a_real_broker(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("NAMESRV_ADDR", raising=False)
     from broker.client import Admin, Message, Producer, PullConsumer
     from tests.broker_harness import start_broker, start_namesrv
 
@@ -412,7 +414,39 @@ def test_admin_client_against_a_real_broker(tmp_path):
 
             with pytest.raises(MQClientError, match="The stats <TOPIC_PUT_NUMS> <NoSuchTopic> not exist"):
                 admin.view_broker_stats_data(broker.addr, "TOPIC_PUT_NUMS", "NoSuchTopic")
+        check_cli(capsys, ns_addr, broker.addr)
     finally:
         broker.stop()
         ns.send_signal(signal.SIGTERM)
         ns.wait(10)
+
+
+def check_cli(capsys, ns: str, addr: str) -> None:
+    """``rocketlake admin brokerStatus / brokerConsumeStats / statsAll`` on the broker of the test above."""
+    from broker.cli import main
+
+    def run(*argv: str) -> str:
+        code = main(["admin", *argv])
+        out, err = capsys.readouterr()
+        assert (code, err) == (0, "")
+        return out
+
+    status = dict(line.split(": ", 1) for line in run("brokerStatus", "-n", ns, "-b", addr).splitlines())
+    assert {key.rstrip() for key in status} >= RUNTIME_KEYS
+    assert status["msgPutTotalTodayNow".ljust(32)] == "4"
+    assert run("brokerStatus", "-n", ns, "-c", CLUSTER).count(f"{addr:<24} msgPutTotalTodayNow") == 1
+
+    lines = run("brokerConsumeStats", "-n", ns, "-b", addr).splitlines()
+    assert re.split(r"\s{2,}", lines[0].strip()) == ["#Topic", "#Group", "#Broker Name", "#QID", "#Broker Offset",
+                                                    "#Consumer Offset", "#Diff", "#LastTime (UTC)"]
+    rows = [line.split() for line in lines[1:-2]]
+    assert [r[:7] for r in rows] == [["StatsT", "CG_STATS", BROKER, "0", "4", "3", "1"]]
+    assert lines[-2:] == ["", "Diff Total: 1"]
+    assert run("brokerConsumeStats", "-n", ns, "-b", addr, "-l", "2").splitlines()[1:] == ["", "Diff Total: 1"]
+
+    out = run("statsAll", "-n", ns, "-t", "StatsT").splitlines()
+    assert out[0].split() == ["#Topic", "#Consumer", "Group", "#Accumulation", "#InTPS", "#OutTPS", "#InMsg24Hour",
+                              "#OutMsg24Hour"]
+    (row,) = [line.split() for line in out[1:]]
+    assert row[:3] == ["StatsT", "CG_STATS", "1"]
+    assert row[5:] in (["0", "0"], ["4", "4"])  # the 10-second sampling may or may not have run yet
