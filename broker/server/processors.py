@@ -414,8 +414,9 @@ class BrokerCore:
         begin = time.monotonic_ns()
         got = self.store.get_messages(h.topic, h.queue_id, h.queue_offset,
                                       max(1, min(h.max_msg_nums, MAX_PULL_MESSAGES)), MAX_PULL_BYTES, tag_filter)
-        self.stats.on_get(h.consumer_group, h.topic, h.queue_id, got.message_count if got.status == GetStatus.FOUND
-                          else 0, len(got.body), (time.monotonic_ns() - begin) // 1_000_000)
+        found = got.message_count if got.status == GetStatus.FOUND else 0
+        self.stats.on_get(h.consumer_group, h.topic, h.queue_id, found, len(got.body),
+                          (time.monotonic_ns() - begin) // 1_000_000)
         if got.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE):
             code = ResponseCode.PULL_OFFSET_MOVED if h.queue_offset != 0 else ResponseCode.PULL_NOT_FOUND
         else:

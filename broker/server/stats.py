@@ -174,7 +174,8 @@ _SAMPLER = _Sampler()
 class BrokerStatsManager:
     """Counters, their windows, the store totals and the midnight records of one broker."""
 
-    def __init__(self, cluster_name: str, clock: Callable[[], int] | None = None, *, sample: bool | None = None) -> None:
+    def __init__(self, cluster_name: str, clock: Callable[[], int] | None = None, *,
+                 sample: bool | None = None) -> None:
         """``sample`` (default: when ``clock`` is the real one) has the shared thread call :meth:`tick`."""
         self.cluster_name = cluster_name
         self.clock = clock or _now_ms
