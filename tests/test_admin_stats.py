@@ -222,6 +222,11 @@ def test_runtime_info_after_sends_and_pulls(env):
     reply = request(core, RequestCode.GET_BROKER_RUNTIME_INFO)
     table = json.loads(reply.body)["table"]
     assert RUNTIME_KEYS <= set(table)
+    assert "sendThreadPoolQueueSize" not in table  # no request queue to look at in-process
+    core.stats.queue_sizes = lambda: {"send": 2, "other": 5}
+    waiting = json.loads(request(core, RequestCode.GET_BROKER_RUNTIME_INFO).body)["table"]
+    assert [waiting[k] for k in ("sendThreadPoolQueueSize", "pullThreadPoolQueueSize", "queryThreadPoolQueueSize")] \
+        == ["2", "5", "5"]
     stored = core.store.commitlog_max_offset
     assert stored > 0
     assert {k: table[k] for k in ("brokerVersionDesc", "brokerVersion", "msgPutTotalTodayNow", "putMessageTimesTotal",
@@ -401,6 +406,7 @@ def test_admin_client_against_a_real_broker(tmp_path, capsys, monkeypatch):
             info = admin.broker_runtime_info(broker.addr)
             assert RUNTIME_KEYS <= set(info)
             assert (info["msgPutTotalTodayNow"], info["msgGetTotalTodayNow"]) == ("4", "4")
+            assert (info["sendThreadPoolQueueSize"], info["pullThreadPoolQueueSize"]) == ("0", "0")  # idle
             assert len(info["putTps"].split(" ")) == 3
             assert admin.query_topic_consume_by_who(broker.addr, "StatsT") == ["CG_STATS"]
             stats = admin.broker_consume_stats(broker.addr, timeout=10).by_group()

@@ -105,6 +105,10 @@ def runtime_info(core: BrokerCore) -> dict[str, str]:
         f"commitLogDiskRatio_{commitlog_dir}": java_double(ratio),
         "consumeQueueDiskRatio": java_double(_used_ratio(root / CONSUME_QUEUE_DIR)),
     })
+    if core.stats.queue_sizes is not None:  # sends wait for the lane; pulls and queries share one pool
+        waiting = core.stats.queue_sizes()
+        info["sendThreadPoolQueueSize"] = str(waiting["send"])
+        info["pullThreadPoolQueueSize"] = info["queryThreadPoolQueueSize"] = str(waiting["other"])
     usage = _disk_usage(root)
     if usage is not None:
         info["commitLogDirCapacity"] = f"Total : {human_bytes(usage[0])}, Free : {human_bytes(usage[1])}."

@@ -197,6 +197,8 @@ class BrokerStatsManager:
         self.get_total_today_morning = 0
         now = self.clock()
         self.boot_ms = now
+        # requests waiting to be handled, {"send": n, "other": n}; the store process sets it
+        self.queue_sizes: Callable[[], dict[str, int]] | None = None
         self._due = {"minute": now, "hour": now, "day": now, "store": now + STORE_SAMPLE_MS,
                      "morning": next_morning_ms(now)}
         if sample if sample is not None else clock is None:
