@@ -1,4 +1,4 @@
-"""``rocketlake admin``: Apache ``mqadmin``'s topic and consumer-progress verbs.
+"""``rocketlake admin``: Apache ``mqadmin``'s topic, consumer-progress and broker statistics verbs.
 
 Same subcommand names and short flags as ``mqadmin`` (``updateTopic -n NS -c CLUSTER -t TOPIC``…),
 so runbooks written for an Apache cluster work here, and only standard request codes are sent, so
@@ -160,6 +160,100 @@ def cmd_consumer_progress(admin: Admin, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_broker_status(admin: Admin, args: argparse.Namespace) -> int:
+    """GET_BROKER_RUNTIME_INFO of one broker (-b) or of every master of a cluster (-c), keys sorted."""
+    from broker.client import MQClientError
+
+    if args.broker:
+        for key, value in sorted(admin.broker_runtime_info(args.broker).items()):
+            print(f"{_cell(key):<32}: {_cell(value)}")
+        return EXIT_OK
+    masters = admin.cluster_masters(args.cluster)
+    if not masters:
+        raise MQClientError(f"cluster {args.cluster!r} has no master broker")
+    for addr in masters.values():
+        for key, value in sorted(admin.broker_runtime_info(addr).items()):
+            print(f"{addr:<24} {_cell(key):<32}: {_cell(value)}")
+    return EXIT_OK
+
+
+def cmd_broker_consume_stats(admin: Admin, args: argparse.Namespace) -> int:
+    """GET_BROKER_CONSUME_STATS: every group's queues on one broker whose diff is at least -l."""
+    stats = admin.broker_consume_stats(args.broker, args.order, args.timeout_ms / 1000)
+    print(f"{'#Topic':<64}  {'#Group':<64}  {'#Broker Name':<32}  {'#QID':<4}  {'#Broker Offset':<20}  "
+          f"{'#Consumer Offset':<20}  {'#Diff':<20}  #LastTime (UTC)")
+    for group, per_topic in sorted(stats.by_group().items()):
+        for consume_stats in per_topic:
+            for mq in sorted(consume_stats.offset_table):
+                w = consume_stats.offset_table[mq]
+                if w.lag < args.level:
+                    continue
+                last = _utc(w.last_timestamp, False) if w.last_timestamp > 0 else "N/A"
+                print(f"{_cell(mq.topic):<64}  {_cell(group):<64}  {_cell(mq.broker_name):<32}  {mq.queue_id:<4}  "
+                      f"{w.broker_offset:<20}  {w.consumer_offset:<20}  {w.lag:<20}  {last}")
+    print()
+    print(f"Diff Total: {stats.total_diff}")
+    return EXIT_OK
+
+
+def _day_sum(data) -> int:
+    """statsAll's ``compute24HourSum``: the day window's sum, else the hour's, else the minute's."""
+    for item in (data.stats_day, data.stats_hour, data.stats_minute):
+        if item.sum:
+            return item.sum
+    return 0
+
+
+def cmd_stats_all(admin: Admin, args: argparse.Namespace) -> int:
+    """Per topic and consumer group: accumulation, in/out TPS (last minute) and messages in 24 h."""
+    from broker.client import MQClientError
+    from broker.remoting.codes import ResponseCode
+    from broker.server.stats import GROUP_GET_NUMS, TOPIC_PUT_NUMS, stats_key
+
+    print(f"{'#Topic':<32}  {'#Consumer Group':<32} {'#Accumulation':>12} {'#InTPS':>11} {'#OutTPS':>11} "
+          f"{'#InMsg24Hour':>14} {'#OutMsg24Hour':>14}")
+    topics = [args.topic] if args.topic else admin.topic_list()
+    for topic in topics:
+        if topic.startswith(("%RETRY%", "%DLQ%")):
+            continue
+        try:
+            masters = list(admin.route_masters(topic).values())
+        except MQClientError as exc:
+            if exc.code == ResponseCode.TOPIC_NOT_EXIST and not args.topic:
+                continue  # gone since the topic list was read
+            raise
+
+        def totals(name: str, key: str) -> tuple[float, int]:
+            tps, day = 0.0, 0
+            for addr in masters:
+                try:
+                    data = admin.view_broker_stats_data(addr, name, key)
+                except MQClientError:  # nothing counted for it on that broker yet
+                    continue
+                tps += data.stats_minute.tps
+                day += _day_sum(data)
+            return tps, day
+
+        in_tps, in_day = totals(TOPIC_PUT_NUMS, topic)
+        groups = sorted({g for addr in masters for g in admin.query_topic_consume_by_who(addr, topic)})
+        if not groups:
+            if not args.active or in_day > 0:
+                print(f"{_cell(topic):<64}  {'':<32} {0:>12} {in_tps:>11.2f} {'':>11} {in_day:>14} {'NO_CONSUMER':>14}")
+            continue
+        for group in groups:
+            out_tps, out_day = totals(GROUP_GET_NUMS, stats_key(topic, group))
+            diff = 0
+            for addr in masters:
+                try:
+                    diff += admin.consumer_progress(addr, group, topic).total_diff()
+                except MQClientError:
+                    pass
+            if not args.active or in_day > 0 or out_day > 0:
+                print(f"{_cell(topic):<64}  {_cell(group):<64} {max(diff, 0):>12} {in_tps:>11.2f} {out_tps:>11.2f} "
+                      f"{in_day:>14} {out_day:>14}")
+    return EXIT_OK
+
+
 def cmd_admin(args: argparse.Namespace) -> int:
     """Run one subcommand with a connected :class:`Admin`; every failure becomes one stderr line."""
     from broker.client import Admin, MQClientError
@@ -187,7 +281,7 @@ def add_admin_parser(sub: argparse._SubParsersAction) -> None:
                         required=env_ns is None, metavar="NAMESRV",
                         help="name server address(es), host:port[;host:port] (default: $NAMESRV_ADDR)")
 
-    admin = sub.add_parser("admin", help="mqadmin's topic and consumer-progress commands",
+    admin = sub.add_parser("admin", help="mqadmin's topic, consumer-progress and broker statistics commands",
                            description="A subset of Apache RocketMQ's mqadmin, same names and flags. "
                                        "Exit 1 on failures, 2 on bad arguments.")
     asub = admin.add_subparsers(dest="admin_command", required=True, metavar="SUBCOMMAND")
@@ -225,3 +319,23 @@ def add_admin_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-g", "--groupName", dest="group", required=True, help="consumer group (listing groups is not "
                                                                            "supported: -g is required)")
     p.add_argument("-t", "--topicName", dest="topic", default=None, help="only this topic")
+
+    p = add("brokerStatus", cmd_broker_status, "a broker's runtime statistics (GET_BROKER_RUNTIME_INFO), key: value")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("-b", "--brokerAddr", dest="broker", type=_address, help="this broker (host:port)")
+    where.add_argument("-c", "--clusterName", dest="cluster", help="every master broker of this cluster")
+
+    p = add("brokerConsumeStats", cmd_broker_consume_stats,
+            "every consumer group's progress on one broker, queue by queue, and the total diff")
+    p.add_argument("-b", "--brokerAddr", dest="broker", type=_address, required=True, help="broker (host:port)")
+    p.add_argument("-t", "--timeoutMillis", dest="timeout_ms", type=_positive, default=50_000,
+                   help="request timeout in ms (default 50000)")
+    p.add_argument("-l", "--level", type=int, default=0, help="only queues with at least this diff (default 0)")
+    p.add_argument("-o", "--order", type=_bool_text, default=False, metavar="true|false",
+                   help="only ordered topics (default false)")
+
+    p = add("statsAll", cmd_stats_all,
+            "per topic and consumer group: accumulation, in/out TPS of the last minute, messages of the last 24 h")
+    p.add_argument("-a", "--activeTopic", dest="active", action="store_true",
+                   help="only topics with messages in or out in the last 24 h")
+    p.add_argument("-t", "--topic", default=None, help="only this topic")

@@ -11,10 +11,29 @@ import logging
 import time
 
 from broker.client.instance import ClientInstance, MQClientError
-from broker.remoting.bodies import ClusterInfo, ConsumeStats, TopicList, TopicRouteData, TopicStatsTable, dumps_json
+from broker.remoting.bodies import (
+    BrokerStatsData,
+    ClusterInfo,
+    ConsumeStats,
+    ConsumeStatsList,
+    GroupList,
+    KVTable,
+    QueryConsumeTimeSpanBody,
+    QueueTimeSpan,
+    TopicList,
+    TopicRouteData,
+    TopicStatsTable,
+    dumps_json,
+)
 from broker.remoting.codes import MASTER_ID, RequestCode, ResponseCode, response_code_name
 from broker.remoting.command import RemotingCommand
-from broker.remoting.headers import CreateTopicRequestHeader
+from broker.remoting.headers import (
+    CreateTopicRequestHeader,
+    GetConsumeStatsInBrokerHeader,
+    QueryConsumeTimeSpanRequestHeader,
+    QueryTopicConsumeByWhoRequestHeader,
+    ViewBrokerStatsDataRequestHeader,
+)
 from broker.remoting.transport import RemotingError
 from broker.store.config_files import SubscriptionGroupConfig
 
@@ -41,10 +60,10 @@ class Admin:
                                 resp.code)
         return resp
 
-    def _invoke(self, addr: str, cmd: RemotingCommand, what: str) -> RemotingCommand:
+    def _invoke(self, addr: str, cmd: RemotingCommand, what: str, timeout: float | None = None) -> RemotingCommand:
         """One broker request; refused connections and timeouts become MQClientError naming ``addr``."""
         try:
-            resp = self.client.invoke(addr, cmd)
+            resp = self.client.invoke(addr, cmd, timeout)
         except (RemotingError, OSError, TimeoutError) as exc:
             raise MQClientError(f"{what} failed: broker {addr} did not answer ({exc or type(exc).__name__})") from None
         return self._ok(resp, f"{what} on {addr}")
@@ -163,3 +182,41 @@ class Admin:
         resp = self._invoke(broker_addr, RemotingCommand.request(RequestCode.GET_CONSUME_STATS, ext),
                             f"consume stats {group}")
         return ConsumeStats.decode(resp.body)
+
+    # ---- broker statistics -------------------------------------------------------------------------
+    def broker_runtime_info(self, broker_addr: str) -> dict[str, str]:
+        """GET_BROKER_RUNTIME_INFO: Apache's ``KVTable`` (putTps, msgPutTotalTodayNow, …), as mqadmin brokerStatus."""
+        resp = self._invoke(broker_addr, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO),
+                            "broker runtime info")
+        return KVTable.decode(resp.body).table
+
+    def view_broker_stats_data(self, broker_addr: str, stats_name: str, stats_key: str) -> BrokerStatsData:
+        """VIEW_BROKER_STATS_DATA: minute/hour/day of one item, e.g. (``TOPIC_PUT_NUMS``, topic) or
+        (``GROUP_GET_NUMS``, ``topic@group``)."""
+        header = ViewBrokerStatsDataRequestHeader(stats_name=stats_name, stats_key=stats_key)
+        resp = self._invoke(broker_addr, RemotingCommand.request(RequestCode.VIEW_BROKER_STATS_DATA, header.to_ext()),
+                            f"stats {stats_name} {stats_key}")
+        return BrokerStatsData.decode(resp.body)
+
+    def query_topic_consume_by_who(self, broker_addr: str, topic: str) -> list[str]:
+        """QUERY_TOPIC_CONSUME_BY_WHO: groups consuming ``topic`` on that broker (online or with offsets)."""
+        header = QueryTopicConsumeByWhoRequestHeader(topic=topic)
+        resp = self._invoke(broker_addr,
+                            RemotingCommand.request(RequestCode.QUERY_TOPIC_CONSUME_BY_WHO, header.to_ext()),
+                            f"consumers of {topic}")
+        return sorted(GroupList.decode(resp.body).group_list)
+
+    def broker_consume_stats(self, broker_addr: str, is_order: bool = False,
+                             timeout: float | None = None) -> ConsumeStatsList:
+        """GET_BROKER_CONSUME_STATS: consume stats of every subscription group (mqadmin brokerConsumeStats)."""
+        header = GetConsumeStatsInBrokerHeader(is_order=is_order)
+        resp = self._invoke(broker_addr, RemotingCommand.request(RequestCode.GET_BROKER_CONSUME_STATS, header.to_ext()),
+                            "broker consume stats", timeout)
+        return ConsumeStatsList.decode(resp.body)
+
+    def query_consume_time_span(self, broker_addr: str, topic: str, group: str) -> list[QueueTimeSpan]:
+        """QUERY_CONSUME_TIME_SPAN: per queue the first/last/last-consumed store times and the delay."""
+        header = QueryConsumeTimeSpanRequestHeader(topic=topic, group=group)
+        resp = self._invoke(broker_addr, RemotingCommand.request(RequestCode.QUERY_CONSUME_TIME_SPAN, header.to_ext()),
+                            f"consume time span {group} {topic}")
+        return QueryConsumeTimeSpanBody.decode(resp.body).consume_time_span_set

@@ -27,6 +27,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import IntEnum
 from typing import Any
 
@@ -888,16 +889,24 @@ class ConsumeStats:
     offset_table: dict[MessageQueue, OffsetWrapper] = field(default_factory=dict)
     consume_tps: float = 0.0
 
-    def encode(self) -> bytes:
+    def to_json(self) -> dict[str, Any]:
+        """Python values with :class:`MessageQueue` keys: only :func:`dumps_fastjson_compact` writes them."""
         table = {mq: self.offset_table[mq].to_json() for mq in sorted(self.offset_table)}
-        return dumps_fastjson_compact({"consumeTps": float(self.consume_tps), "offsetTable": table}).encode("utf-8")
+        return {"consumeTps": float(self.consume_tps), "offsetTable": table}
+
+    def encode(self) -> bytes:
+        return dumps_fastjson_compact(self.to_json()).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: Any, what: str = "consume stats") -> ConsumeStats:
+        data = _object(data, what)
+        table = {mq: OffsetWrapper.from_json(v, f"{what}.offsetTable[{mq}]")
+                 for mq, v in _mq_keyed(data.get("offsetTable"), f"{what}.offsetTable").items()}
+        return cls(table, _float(data.get("consumeTps"), f"{what}.consumeTps"))
 
     @classmethod
     def decode(cls, body: bytes | str) -> ConsumeStats:
-        data = _root(body, "consume stats")
-        table = {mq: OffsetWrapper.from_json(v, f"offsetTable[{mq}]")
-                 for mq, v in _mq_keyed(data.get("offsetTable"), "offsetTable").items()}
-        return cls(table, _float(data.get("consumeTps"), "consumeTps"))
+        return cls.from_json(_root(body, "consume stats"))
 
     def total_diff(self) -> int:
         return sum(w.lag for w in self.offset_table.values())
@@ -944,3 +953,148 @@ class TopicStatsTable:
 def sorted_queues(queues: Iterable[MessageQueue]) -> list[MessageQueue]:
     """Queues in Java ``MessageQueue.compareTo`` order (topic, brokerName, queueId)."""
     return sorted(queues)
+
+
+# =====================================================================================================
+# Broker statistics (VIEW_BROKER_STATS_DATA, GET_BROKER_CONSUME_STATS, QUERY_TOPIC_CONSUME_BY_WHO,
+# QUERY_CONSUME_TIME_SPAN)
+# =====================================================================================================
+@dataclass
+class BrokerStatsItem:
+    """One window of a stats item: ``sum`` over the window, ``tps`` per second, ``avgpt`` per call."""
+
+    sum: int = 0
+    tps: float = 0.0
+    avgpt: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"avgpt": float(self.avgpt), "sum": self.sum, "tps": float(self.tps)}
+
+    @classmethod
+    def from_json(cls, data: Any, what: str = "brokerStatsItem") -> BrokerStatsItem:
+        data = _object(data, what)
+        return cls(sum=_int(data.get("sum"), f"{what}.sum", 0), tps=_float(data.get("tps"), f"{what}.tps"),
+                   avgpt=_float(data.get("avgpt"), f"{what}.avgpt"))
+
+
+@dataclass
+class BrokerStatsData:
+    """VIEW_BROKER_STATS_DATA response: the last minute, hour and day of one item."""
+
+    stats_minute: BrokerStatsItem = field(default_factory=BrokerStatsItem)
+    stats_hour: BrokerStatsItem = field(default_factory=BrokerStatsItem)
+    stats_day: BrokerStatsItem = field(default_factory=BrokerStatsItem)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"statsDay": self.stats_day.to_json(), "statsHour": self.stats_hour.to_json(),
+                "statsMinute": self.stats_minute.to_json()}
+
+    def encode(self) -> bytes:
+        return dumps_json(self.to_json())
+
+    @classmethod
+    def decode(cls, body: bytes | str) -> BrokerStatsData:
+        data = _root(body, "broker stats data")
+        return cls(*(BrokerStatsItem.from_json(data.get(name), name)
+                     for name in ("statsMinute", "statsHour", "statsDay")))
+
+
+@dataclass
+class GroupList:
+    """QUERY_TOPIC_CONSUME_BY_WHO response (a Java ``HashSet``: order means nothing; we sort)."""
+
+    group_list: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"groupList": sorted(set(self.group_list))}
+
+    def encode(self) -> bytes:
+        return dumps_json(self.to_json())
+
+    @classmethod
+    def decode(cls, body: bytes | str) -> GroupList:
+        data = _root(body, "group list")
+        return cls([_str(g, "groupList") for g in _array(data.get("groupList"), "groupList")])
+
+
+@dataclass
+class ConsumeStatsList:
+    """GET_BROKER_CONSUME_STATS response: per subscription group (one single-key map each, as
+    Apache's ``List<Map<group, List<ConsumeStats>>>``) the stats of every topic it committed on."""
+
+    broker_addr: str = ""
+    total_diff: int = 0
+    consume_stats_list: list[dict[str, list[ConsumeStats]]] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        groups = [{group: [stats.to_json() for stats in per_topic] for group, per_topic in entry.items()}
+                  for entry in self.consume_stats_list]
+        return dumps_fastjson_compact({"brokerAddr": self.broker_addr, "consumeStatsList": groups,
+                                       "totalDiff": self.total_diff}).encode("utf-8")
+
+    @classmethod
+    def decode(cls, body: bytes | str) -> ConsumeStatsList:
+        data = _root(body, "consume stats list")
+        entries = []
+        for i, entry in enumerate(_array(data.get("consumeStatsList"), "consumeStatsList")):
+            entries.append({str(group): [ConsumeStats.from_json(s, f"consumeStatsList[{i}][{group}][{j}]")
+                                         for j, s in enumerate(_array(stats, f"consumeStatsList[{i}][{group}]"))]
+                            for group, stats in _object(entry, f"consumeStatsList[{i}]").items()})
+        return cls(_str(data.get("brokerAddr"), "brokerAddr", ""), _int(data.get("totalDiff"), "totalDiff", 0),
+                   entries)
+
+    def by_group(self) -> dict[str, list[ConsumeStats]]:
+        return {group: stats for entry in self.consume_stats_list for group, stats in entry.items()}
+
+
+@dataclass
+class QueueTimeSpan:
+    """One queue of QUERY_CONSUME_TIME_SPAN: first/last message store times, the store time of the
+    last consumed message and how long the next one has waited (0 when caught up). The ``…Str``
+    fields are Java getters fastjson writes too: broker-local time, ``yyyy-MM-dd#HH:mm:ss:SSS``."""
+
+    message_queue: MessageQueue
+    min_time_stamp: int = 0
+    max_time_stamp: int = 0
+    consume_time_stamp: int = 0
+    delay_time: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"consumeTimeStamp": self.consume_time_stamp,
+                "consumeTimeStampStr": format_java_date(self.consume_time_stamp),
+                "delayTime": self.delay_time, "maxTimeStamp": self.max_time_stamp,
+                "maxTimeStampStr": format_java_date(self.max_time_stamp),
+                "messageQueue": self.message_queue.to_json(), "minTimeStamp": self.min_time_stamp,
+                "minTimeStampStr": format_java_date(self.min_time_stamp)}
+
+    @classmethod
+    def from_json(cls, data: Any, what: str = "queueTimeSpan") -> QueueTimeSpan:
+        data = _object(data, what)
+        return cls(MessageQueue.from_json(data.get("messageQueue"), f"{what}.messageQueue"),
+                   _int(data.get("minTimeStamp"), f"{what}.minTimeStamp", 0),
+                   _int(data.get("maxTimeStamp"), f"{what}.maxTimeStamp", 0),
+                   _int(data.get("consumeTimeStamp"), f"{what}.consumeTimeStamp", 0),
+                   _int(data.get("delayTime"), f"{what}.delayTime", 0))
+
+
+def format_java_date(ms: int) -> str:
+    """``UtilAll.formatDate(new Date(ms), "yyyy-MM-dd#HH:mm:ss:SSS")`` in local time."""
+    seconds, millis = divmod(ms, 1000)  # floor: -1 ms is 999 ms into the second before the epoch
+    return datetime.fromtimestamp(seconds).strftime("%Y-%m-%d#%H:%M:%S:") + f"{millis:03d}"
+
+
+@dataclass
+class QueryConsumeTimeSpanBody:
+    consume_time_span_set: list[QueueTimeSpan] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"consumeTimeSpanSet": [span.to_json() for span in self.consume_time_span_set]}
+
+    def encode(self) -> bytes:
+        return dumps_json(self.to_json())
+
+    @classmethod
+    def decode(cls, body: bytes | str) -> QueryConsumeTimeSpanBody:
+        data = _root(body, "consume time span")
+        spans = _array(data.get("consumeTimeSpanSet"), "consumeTimeSpanSet")
+        return cls([QueueTimeSpan.from_json(s, f"consumeTimeSpanSet[{i}]") for i, s in enumerate(spans)])

@@ -41,6 +41,8 @@ __all__ = [
     "GetTopicsByClusterRequestHeader", "PutKVConfigRequestHeader", "GetKVConfigRequestHeader",
     "GetKVConfigResponseHeader", "DeleteKVConfigRequestHeader", "GetKVListByNamespaceRequestHeader",
     "DeleteTopicFromNamesrvRequestHeader", "WipeWritePermOfBrokerRequestHeader",
+    "ViewBrokerStatsDataRequestHeader", "GetConsumeStatsInBrokerHeader", "QueryTopicConsumeByWhoRequestHeader",
+    "QueryConsumeTimeSpanRequestHeader",
 ]
 
 H = TypeVar("H", bound="RequestHeader")
@@ -403,6 +405,40 @@ class GetTopicStatsInfoRequestHeader(RequestHeader):
     CODES = (RequestCode.GET_TOPIC_STATS_INFO,)
 
     topic: str = _f("topic", required=True)
+
+
+@_header
+class ViewBrokerStatsDataRequestHeader(RequestHeader):
+    """VIEW_BROKER_STATS_DATA (315): one item of BrokerStatsManager, e.g. TOPIC_PUT_NUMS / ``Orders``."""
+
+    CODES = (RequestCode.VIEW_BROKER_STATS_DATA,)
+
+    stats_name: str = _f("statsName", required=True)
+    stats_key: str = _f("statsKey", required=True)
+
+
+@_header
+class GetConsumeStatsInBrokerHeader(RequestHeader):
+    """GET_BROKER_CONSUME_STATS (317): ``isOrder`` keeps only ordered topics."""
+
+    CODES = (RequestCode.GET_BROKER_CONSUME_STATS,)
+
+    is_order: bool = _f("isOrder", "bool", required=True)
+
+
+@_header
+class QueryTopicConsumeByWhoRequestHeader(RequestHeader):
+    CODES = (RequestCode.QUERY_TOPIC_CONSUME_BY_WHO,)
+
+    topic: str = _f("topic", required=True)
+
+
+@_header
+class QueryConsumeTimeSpanRequestHeader(RequestHeader):
+    CODES = (RequestCode.QUERY_CONSUME_TIME_SPAN,)
+
+    topic: str = _f("topic", required=True)
+    group: str = _f("group", required=True)
 
 
 @_header

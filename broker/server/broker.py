@@ -200,6 +200,7 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
 
     server = IpcServer(socket_path, handle, on_closed, lane=lambda req: req.code in SEND_CODES,
                        handle_batch=handle_sends)
+    core.stats.queue_sizes = server.queue_sizes
     growth = _GrowthBatcher(server.broadcast)
     store.add_dispatch_listener(growth.grew)
     server.start()

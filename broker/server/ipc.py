@@ -153,6 +153,13 @@ class IpcServer:
         reply = self._handle(payload)
         self._send(conn, lock, pack("rep", ident, reply))
 
+    def queue_sizes(self) -> dict[str, int]:
+        """Requests waiting in the store process: sends for the lane, the others for a pool thread
+        (GET_BROKER_RUNTIME_INFO's send/pull/query thread-pool queue sizes). The executor's own
+        queue is read so that the request path counts nothing."""
+        work = getattr(self._pool, "_work_queue", None)
+        return {"send": self._lane_queue.qsize(), "other": work.qsize() if work is not None else 0}
+
     def broadcast(self, event: Any) -> None:
         frame = pack("event", 0, event)
         with self._conns_lock:

@@ -1093,6 +1093,18 @@ class MessageStore:
         unit = view.unit(view.min_offset)
         return -1 if unit is None else self._store_time(unit[0])
 
+    def store_time_at(self, topic: str, queue_id: int, offset: int) -> int:
+        """Store time of the message at queue ``offset`` (``getMessageStoreTimeStamp``), -1 if none."""
+        view = self.consume_queue(topic, queue_id)
+        unit = view.unit(offset) if view.min_offset <= offset < view.max_offset else None
+        return -1 if unit is None else self._store_time(unit[0])
+
+    def earliest_message_time(self) -> int:
+        """Store time of the first record in the CommitLog (``getEarliestMessageTime()``), -1 if empty."""
+        if self.commitlog_max_offset <= self.commitlog_min_offset:
+            return -1
+        return self._store_time(self.commitlog_min_offset)
+
     def search_offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower") -> int:
         """SEARCH_OFFSET_BY_TIMESTAMP by binary search over the queue, reading store times from
         record headers: ``lower`` = first message stored at or after the time (max offset if all are

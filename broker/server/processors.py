@@ -55,9 +55,11 @@ from broker.remoting.headers import (
     UpdateConsumerOffsetRequestHeader,
     ViewMessageRequestHeader,
 )
+from broker.server.admin_stats import count_send_back, stats_handlers
 from broker.server.clients import ClientRegistry, Notify
 from broker.server.filter.consumer_filter import Refusal, check_client_config, pull_filter
 from broker.server.message_store import GetStatus, MessageStore, PutResult, PutStatus
+from broker.server.stats import BrokerStatsManager
 from broker.store.batch import BatchFormatError, decode_batch
 from broker.store.config_files import ConfigFileError, SubscriptionGroupConfig, TopicConfig
 from broker.store.constants import (
@@ -209,9 +211,10 @@ class BrokerCore:
             RequestCode.GET_ALL_DELAY_OFFSET: self.get_all_delay_offset,
             RequestCode.GET_TOPIC_STATS_INFO: self.get_topic_stats_info,
             RequestCode.GET_CONSUME_STATS: self.get_consume_stats,
-            RequestCode.GET_BROKER_RUNTIME_INFO: self.get_broker_runtime_info,
             RequestCode.GET_BROKER_CONFIG: self.get_broker_config,
         }
+        self.stats = BrokerStatsManager(cluster_name)  # tests swap in one with a fake clock
+        self._handlers.update(stats_handlers(self))
 
     # ---- entry -------------------------------------------------------------------------------------------
     def process(self, req: Request) -> Reply:
@@ -241,6 +244,8 @@ class BrokerCore:
             if results is not None:
                 for (i, p), result in zip(ready, results):
                     replies[i] = self._send_reply(result, p.queue_id, p.uniq_key)
+                self.stats.on_puts([(p.records[0].topic, len(p.records), r.wrote_bytes)
+                                    for (_, p), r in zip(ready, results) if r.ok])
         return replies  # type: ignore[return-value]
 
     def _guarded(self, handler: Callable[[Request], object], req: Request):
@@ -405,9 +410,13 @@ class BrokerCore:
                               enabled=self.enable_property_filter, subscription_of=self.clients.subscription)
         if isinstance(selects, Refusal):
             return _error(selects.code, selects.remark)
+        begin = time.monotonic_ns()
         got = self.store.get_messages(h.topic, h.queue_id, h.queue_offset,
                                       max(1, min(h.max_msg_nums, MAX_PULL_MESSAGES)), MAX_PULL_BYTES, selects.tags,
                                       selects.properties)
+        found = got.message_count if got.status == GetStatus.FOUND else 0
+        self.stats.on_get(h.consumer_group, h.topic, h.queue_id, found, len(got.body),
+                          (time.monotonic_ns() - begin) // 1_000_000)
         if got.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE):
             code = ResponseCode.PULL_OFFSET_MOVED if h.queue_offset != 0 else ResponseCode.PULL_NOT_FOUND
         else:
@@ -536,6 +545,7 @@ class BrokerCore:
         h = ConsumerSendMsgBackRequestHeader.from_ext(req.ext)
         max_times = h.max_reconsume_times if req.version >= V3_4_9 else None
         result = self.store.consumer_send_back(h.group, h.offset, h.delay_level or 0, max_times)
+        count_send_back(self, h.group, h.origin_topic, result)
         if result.ok:
             self.on_topics_changed()
             return Reply()
@@ -657,18 +667,9 @@ class BrokerCore:
                     pull_offset=consumer, last_timestamp=self._last_store_time(topic, qid, consumer))
         return Reply(body=ConsumeStats(table).encode())
 
-    def get_broker_runtime_info(self, req: Request) -> Reply:
-        table = {"brokerVersionDesc": "rocketlake", "commitLogMaxOffset": str(self.store.commitlog_max_offset),
-                 "commitLogMinOffset": str(self.store.commitlog_min_offset), "bootTimestamp": str(_BOOT_MS),
-                 "dispatchBehindBytes": str(self.store.dispatch_behind_bytes)}
-        return Reply(body=dumps_json({"table": table}))
-
     def get_broker_config(self, req: Request) -> Reply:
         """``key=value`` lines under broker.conf names, as Apache answers ``mqadmin getBrokerConfig``."""
         return Reply(body=self.config_text.encode("utf-8"))
-
-
-_BOOT_MS = int(time.time() * 1000)
 
 
 def _peer_host(peer: str) -> Host:
