@@ -54,6 +54,7 @@ from broker.remoting.headers import (
     UpdateConsumerOffsetRequestHeader,
     ViewMessageRequestHeader,
 )
+from broker.server.admin_metadata import metadata_handlers
 from broker.server.clients import ClientRegistry, Notify
 from broker.server.message_store import GetStatus, MessageStore, PutResult, PutStatus
 from broker.store.batch import BatchFormatError, decode_batch
@@ -154,6 +155,7 @@ _PUT_CODES = {
     PutStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
     PutStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
     PutStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+    PutStatus.TOPIC_NOT_EXIST: ResponseCode.TOPIC_NOT_EXIST,
 }
 
 
@@ -217,6 +219,7 @@ class BrokerCore:
             RequestCode.GET_BROKER_RUNTIME_INFO: self.get_broker_runtime_info,
             RequestCode.GET_BROKER_CONFIG: self.get_broker_config,
         }
+        self._handlers.update(metadata_handlers(self))
 
     # ---- entry -------------------------------------------------------------------------------------------
     def process(self, req: Request) -> Reply:
