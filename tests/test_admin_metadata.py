@@ -18,7 +18,7 @@ from broker.namesrv.server import NameServer
 from broker.remoting.bodies import HeartbeatData, RegisterBrokerBody, TopicRouteData
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.remoting.headers import RegisterBrokerRequestHeader
+from broker.remoting.headers import RegisterBrokerRequestHeader, UpdateConsumerOffsetRequestHeader
 from broker.remoting.properties_body import parse_properties, properties_to_text
 from broker.remoting.transport import RemotingClient
 from broker.server.message_store import TOPIC_FENCES_FILE, MessageStore, PutStatus, StoreSettings
@@ -376,6 +376,44 @@ def _wait(predicate, what: str, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def _admin(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["admin", *argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def _group_and_config_verbs(admin, addr: str, ns_addr: str, capsys) -> None:
+    """cloneGroupOffset, deleteSubGroup, getNamesrvConfig and updateNamesrvConfig through the CLI."""
+    for qid, offset in ((0, 2), (1, 3)):
+        ext = UpdateConsumerOffsetRequestHeader(consumer_group="CG_SRC", topic="Keep", queue_id=qid,
+                                                commit_offset=offset).to_ext()
+        assert admin.client.invoke(addr, RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, ext)).code == 0
+    assert _admin(capsys, "cloneGroupOffset", "-n", ns_addr, "-s", "CG_SRC", "-d", "CG_DST", "-t", "Keep") == (
+        0, "clone group offset success. srcGroup[CG_SRC], destGroup=[CG_DST], topic[Keep]\n", "")
+    stats = admin.consumer_progress(addr, "CG_DST", "Keep")
+    assert sorted((mq.queue_id, w.consumer_offset) for mq, w in stats.offset_table.items()) == [(0, 2), (1, 3)]
+    assert _admin(capsys, "deleteSubGroup", "-n", ns_addr, "-b", addr, "-g", "CG_DST", "-r", "true") == (
+        0, f"delete subscription group [CG_DST] from broker [{addr}] success.\n", "")
+    stats = admin.consumer_progress(addr, "CG_DST", "Keep")  # no committed offset left: 0 everywhere
+    assert sorted((mq.queue_id, w.consumer_offset) for mq, w in stats.offset_table.items()) == [(0, 0), (1, 0)]
+    assert len(admin.consumer_progress(addr, "CG_SRC", "Keep").offset_table) == 2
+    code, out, err = _admin(capsys, "getNamesrvConfig", "-n", ns_addr)
+    port = ns_addr.rsplit(":", 1)[1]
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [f"============{ns_addr}============", f"{'listenPort':<50}=  {port}",
+                                f"{'orderMessageEnable':<50}=  false", f"{'scanNotActiveBrokerInterval':<50}=  5000"]
+    assert _admin(capsys, "updateNamesrvConfig", "-n", ns_addr, "-k", "orderMessageEnable", "-v", "true") == (
+        0, f"update name server config success![{ns_addr}]\norderMessageEnable : true\n", "")
+    assert admin.namesrv_config() == {ns_addr: {"listenPort": port, "orderMessageEnable": "true",
+                                                "scanNotActiveBrokerInterval": "5000"}}
+    code, out, err = _admin(capsys, "updateNamesrvConfig", "-n", ns_addr, "-k", "rocketmqHome", "-v", "/opt")
+    assert (code, out) == (1, "")
+    assert err == (f"error: update name server config on name server {ns_addr} failed: INVALID_PARAMETER(29) unknown "
+                   "name server config key(s): rocketmqHome (this name server has: listenPort, orderMessageEnable, "
+                   "scanNotActiveBrokerInterval)\n")
+
+
 def test_delete_topic_on_running_broker(tmp_path, capsys, monkeypatch):
     from broker.client import Admin, Message, MQClientError, Producer, PullConsumer
     from tests.broker_harness import drain, start_broker, start_namesrv
@@ -397,6 +435,8 @@ def test_delete_topic_on_running_broker(tmp_path, capsys, monkeypatch):
             with PullConsumer("CG_DEL", ns_addr) as consumer:
                 _wait(lambda: len(drain(consumer, "Gone")) == 6, "the dispatcher to queue Gone")
             assert (store / "consumequeue" / "Gone").is_dir()
+
+            _group_and_config_verbs(admin, broker.addr, ns_addr, capsys)
 
             code = main(["admin", "deleteTopic", "-n", ns_addr, "-c", "DefaultCluster", "-t", "Gone"])
             out, err = capsys.readouterr()
