@@ -421,6 +421,7 @@ def test_delete_topic_on_running_broker(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("NAMESRV_ADDR", raising=False)
     ns, ns_addr = start_namesrv(tmp_path)
     config = {"autoCreateTopicEnable": False}
+    direct_send = {"a": "PG", "b": "Gone", "c": "TBW102", "d": "4", "e": "0", "f": "0", "g": "1", "h": "0", "i": ""}
     broker = start_broker(tmp_path / "store", ns_addr, config, processes=1)
     store = broker.store
     try:
@@ -438,7 +439,30 @@ def test_delete_topic_on_running_broker(tmp_path, capsys, monkeypatch):
 
             _group_and_config_verbs(admin, broker.addr, ns_addr, capsys)
 
-            code = main(["admin", "deleteTopic", "-n", ns_addr, "-c", "DefaultCluster", "-t", "Gone"])
+            # sends racing the deletion (the dispatcher process queues them meanwhile): each is stored
+            # before it, and deleted with the topic, or refused with TOPIC_NOT_EXIST
+            import threading
+
+            codes: list[int] = []
+            stop = threading.Event()
+
+            def sender() -> None:
+                while not stop.is_set():
+                    codes.append(admin.client.invoke(broker.addr, RemotingCommand.request(
+                        RequestCode.SEND_MESSAGE_V2, direct_send, b"racing")).code)
+
+            thread = threading.Thread(target=sender)
+            thread.start()
+            try:
+                _wait(lambda: len(codes) >= 5, "the racing sends to start")
+                code = main(["admin", "deleteTopic", "-n", ns_addr, "-c", "DefaultCluster", "-t", "Gone"])
+                n = len(codes)
+                _wait(lambda: len(codes) >= n + 5, "sends after the deletion")
+            finally:
+                stop.set()
+                thread.join()
+            assert set(codes) <= {ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST}
+            assert codes[0] == ResponseCode.SUCCESS and codes[-1] == ResponseCode.TOPIC_NOT_EXIST
             out, err = capsys.readouterr()
             assert (code, err) == (0, "")
             assert out.splitlines() == ["delete topic [Gone] from cluster [DefaultCluster] success.",
@@ -452,9 +476,8 @@ def test_delete_topic_on_running_broker(tmp_path, capsys, monkeypatch):
             with Producer("PG_DEL2", ns_addr) as producer:
                 with pytest.raises(MQClientError):
                     producer.send(Message("Gone", b"late"))
-            resp = admin.client.invoke(broker.addr, RemotingCommand.request(
-                RequestCode.SEND_MESSAGE_V2, {"a": "PG", "b": "Gone", "c": "TBW102", "d": "4", "e": "0", "f": "0",
-                                              "g": "1", "h": "0", "i": ""}, b"direct"))
+            resp = admin.client.invoke(broker.addr, RemotingCommand.request(RequestCode.SEND_MESSAGE_V2,
+                                                                            direct_send, b"direct"))
             assert (resp.code, resp.remark) == (ResponseCode.TOPIC_NOT_EXIST,
                                                 "topic[Gone] not exist, apply first please!")
             with Producer("PG_DEL3", ns_addr) as producer:
