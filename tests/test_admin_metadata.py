@@ -21,9 +21,11 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import RegisterBrokerRequestHeader, UpdateConsumerOffsetRequestHeader
 from broker.remoting.properties_body import parse_properties, properties_to_text
 from broker.remoting.transport import RemotingClient
-from broker.server.message_store import TOPIC_FENCES_FILE, MessageStore, PutStatus, StoreSettings
+from broker.server.message_store import MessageStore, PutStatus, StoreSettings
 from broker.server.processors import BrokerCore, Request
 from broker.store.config_files import TopicConfig, TopicConfigTable, read_config_json
+from broker.store.constants import DELETED_TOPICS_FILE
+from broker.store.verify import verify_store
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord
 
@@ -115,9 +117,11 @@ def test_delete_topic_removes_config_queues_and_offsets(broker):
 def test_recreated_topic_starts_empty_and_restarts_stay_clean(broker):
     assert broker.ask(RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Orders"}).code == ResponseCode.SUCCESS
     fence = broker.store.commitlog_max_offset
-    assert broker.config(TOPIC_FENCES_FILE) == {"Orders": fence}
+    assert broker.config(DELETED_TOPICS_FILE) == {"Orders": fence}
     # a restart (clean, then a crash) re-dispatches from the other queues' ends: Orders stays gone
     broker.store.close()
+    verified = verify_store(broker.root, segment_size=SETTINGS.segment_bytes)
+    assert verified.ok, verified.summary()  # the old Orders records need no unit any more
     store = MessageStore(broker.root, SETTINGS)
     report = store.open()
     assert report.dispatch_from < fence  # the old Orders records were walked again ...
@@ -487,6 +491,8 @@ def test_delete_topic_on_running_broker(tmp_path, capsys, monkeypatch):
             assert not (store / "consumequeue" / "Gone").exists()
         assert broker.stop() == 0
         assert not (store / "consumequeue" / "Gone").exists()
+        verified = verify_store(store)
+        assert verified.ok, verified.summary()
         broker = start_broker(store, ns_addr, config, port=broker.port, processes=1)
         with Admin(ns_addr) as admin:
             assert admin.wait_writable("Keep")

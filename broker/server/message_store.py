@@ -43,7 +43,7 @@ from broker.server.offsets import (
 )
 from broker.store.checkpoint import Checkpoint, CheckpointError, checkpoint_path, read_checkpoint
 from broker.store.commitlog import CommitLog, CommitLogWriter, offset_to_file_name
-from broker.store.config_files import ConfigFileError, config_path, read_config_json, write_config_json
+from broker.store.config_files import ConfigFileError, load_topic_fences, save_topic_fences
 from broker.store.constants import (
     BORNHOST_V6_FLAG,
     CONSUME_QUEUE_DIR,
@@ -100,10 +100,6 @@ _I64 = struct.Struct(">q")
 # Apache scans at most max(16000 bytes of CQ, maxMsgNums units) per pull (maxFilterMessageCount).
 _MAX_FILTER_SCAN_BYTES = 16000
 _RECORD_HEAD = 80  # enough of a record to find its store timestamp (IPv6 born host: 48 + 20 + 8)
-# Deleted topics' fences (topic -> commitlog offset at deletion): records of the topic below its
-# fence are never queued again, so a restart's re-dispatch cannot bring a deleted topic's consume
-# queue back. Our own file (Apache has no such thing; it ignores unknown files in config/).
-TOPIC_FENCES_FILE = "rocketlakeDeletedTopics.json"
 
 
 def _now_ms() -> int:
@@ -677,7 +673,7 @@ class MessageStore:
         self.delay_offsets: DelayOffsetManager | None = None
         self._commit_listener: Callable[[int], None] | None = None
         self._topic_deleter: Callable[[str, int], None] | None = None
-        self._topic_fences: dict[str, int] = {}  # persisted in TOPIC_FENCES_FILE
+        self._topic_fences: dict[str, int] = {}  # persisted in config/DELETED_TOPICS_FILE
         self._deleting: set[str] = set()  # topics whose queues are being removed: every put refused
         self._deleted: set[str] = set()  # deleted by this process: client puts refused while config-less
 
@@ -733,22 +729,18 @@ class MessageStore:
         """Fences of deleted topics, as far as they still matter: one at or below the commitlog's
         first offset guards nothing any more, and one past a recovered (cut) end is lowered to it,
         so records written after the restart are queued whatever their topic."""
-        path = config_path(self.store_dir, TOPIC_FENCES_FILE)
         try:
-            loaded = read_config_json(path)
+            stored = load_topic_fences(self.store_dir)
         except ConfigFileError as exc:
             raise StoreError(f"cannot read the deleted topics' fences: {exc}") from exc
-        stored = loaded.data if loaded is not None and isinstance(loaded.data, dict) else {}
-        fences = {str(t): min(int(f), report.commitlog_end) for t, f in stored.items()
-                  if isinstance(f, int) and f > report.commitlog_min_offset}
+        fences = {t: min(f, report.commitlog_end) for t, f in stored.items() if f > report.commitlog_min_offset}
         self._topic_fences = dict(fences)
         if fences != stored:
             self._save_topic_fences()
         return fences
 
     def _save_topic_fences(self) -> None:
-        write_config_json(config_path(self.store_dir, TOPIC_FENCES_FILE), dict(sorted(self._topic_fences.items())),
-                          fsync=self.settings.fsync_metadata)
+        save_topic_fences(self.store_dir, self._topic_fences, fsync=self.settings.fsync_metadata)
 
     def _load_checkpoint(self, recovered_ts: int) -> None:
         try:
