@@ -68,6 +68,7 @@ from broker.store.constants import (
     TRANSACTION_NOT_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
+    TOPIC_NAME_PATTERN,
     signed32,
 )
 from broker.store.consume_queue import CQ_UNIT_DTYPE, ConsumeQueueDispatcher
@@ -1292,7 +1293,8 @@ class MessageStore:
         With an external dispatcher the files are removed there (``set_topic_deleter``), between
         two of its batches, while this process already ignores its progress for the old records."""
         self._require_open()
-        validate_topic(topic)  # it names a directory: never anything outside consumequeue/
+        if not TOPIC_NAME_PATTERN.fullmatch(topic):  # it names a directory: never anything outside consumequeue/
+            raise InvalidTopicError(f"topic {topic[:300]!r} has characters outside [%|a-zA-Z0-9_-]")
         with self._put_lock:
             fence = max(self._committed_end, self._topic_fences.get(topic, 0))
             self._deleting.add(topic)
