@@ -64,11 +64,11 @@ from broker.store.constants import (
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_RETRY_TOPIC,
+    TOPIC_NAME_PATTERN,
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
-    TOPIC_NAME_PATTERN,
     signed32,
 )
 from broker.store.consume_queue import CQ_UNIT_DTYPE, ConsumeQueueDispatcher
