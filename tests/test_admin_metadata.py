@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from broker.cli import main
 from broker.namesrv.server import NameServer
-from broker.remoting.bodies import HeartbeatData, RegisterBrokerBody, TopicRouteData
+from broker.remoting.bodies import RegisterBrokerBody, TopicRouteData
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import RegisterBrokerRequestHeader, UpdateConsumerOffsetRequestHeader
@@ -255,8 +256,6 @@ def test_clone_group_offset_online_source(broker):
 def test_delete_topic_during_sends_never_recreates_queue(broker):
     """Sends to a topic racing its deletion: each is either stored before (and deleted with the
     topic) or refused; no unit of the old topic survives, the queue directory is not recreated."""
-    import threading
-
     stop = threading.Event()
     codes: list[int] = []
 
@@ -335,8 +334,8 @@ def test_namesrv_config_get_and_update():
     run(scenario)
 
 
-def _register(port_topics: dict[str, int], broker: str, addr: str, cluster: str) -> RemotingCommand:
-    table = TopicConfigTable({name: TopicConfig(name, q, q, 6) for name, q in port_topics.items()})
+def _register(topics: dict[str, int], broker: str, addr: str, cluster: str) -> RemotingCommand:
+    table = TopicConfigTable({name: TopicConfig(name, q, q, 6) for name, q in topics.items()})
     header = RegisterBrokerRequestHeader(broker_name=broker, broker_addr=addr, cluster_name=cluster,
                                          ha_server_addr="", broker_id=0)
     return RemotingCommand.request(RequestCode.REGISTER_BROKER, header.to_ext(), RegisterBrokerBody(table).encode())
@@ -448,8 +447,6 @@ def test_delete_topic_on_running_broker(tmp_path, capsys, monkeypatch):
 
             # sends racing the deletion (the dispatcher process queues them meanwhile): each is stored
             # before it, and deleted with the topic, or refused with TOPIC_NOT_EXIST
-            import threading
-
             codes: list[int] = []
             stop = threading.Event()
 
