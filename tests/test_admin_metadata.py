@@ -17,7 +17,7 @@ import pytest
 from broker.cli import main
 from broker.namesrv.server import NameServer
 from broker.remoting.bodies import RegisterBrokerBody, TopicRouteData
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import PullSysFlag, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import RegisterBrokerRequestHeader, UpdateConsumerOffsetRequestHeader
 from broker.remoting.properties_body import parse_properties, properties_to_text
@@ -253,29 +253,45 @@ def test_clone_group_offset_online_source(broker):
     assert (reply.code, reply.remark) == (ResponseCode.SYSTEM_ERROR, "missing field destGroup")
 
 
-def test_delete_topic_during_sends_never_recreates_queue(broker):
-    """Sends to a topic racing its deletion: each is either stored before (and deleted with the
-    topic) or refused; no unit of the old topic survives, the queue directory is not recreated."""
+def test_delete_topic_during_sends_and_pulls(broker):
+    """Sends and pulls racing a topic's deletion: a send is stored before it (and deleted with the
+    topic) or refused; a pull finds messages, nothing, or the topic gone; never an error, and no
+    unit of the old topic survives nor is its queue directory recreated."""
     stop = threading.Event()
-    codes: list[int] = []
+    sent: list[int] = []
+    pulled: list[tuple[int, str | None]] = []
+    pull = {"consumerGroup": "racer", "topic": "Orders", "queueId": "0", "queueOffset": "0", "maxMsgNums": "4",
+            "sysFlag": str(int(PullSysFlag.SUBSCRIPTION)), "commitOffset": "0", "suspendTimeoutMillis": "0", "subscription": "*", "subVersion": "0"}
 
     def sender() -> None:
         while not stop.is_set():
-            codes.append(broker.send("Orders").code)
+            sent.append(broker.send("Orders").code)
 
-    thread = threading.Thread(target=sender)
-    thread.start()
+    def puller() -> None:
+        while not stop.is_set():
+            reply = broker.ask(RequestCode.PULL_MESSAGE, pull, channel=("t", 2))
+            pulled.append((reply.code, reply.remark))
+
+    threads = [threading.Thread(target=sender), threading.Thread(target=puller)]
+    for thread in threads:
+        thread.start()
     deadline = time.monotonic() + 10
-    while ResponseCode.SUCCESS not in codes and time.monotonic() < deadline:
+    while (ResponseCode.SUCCESS not in sent or not pulled) and time.monotonic() < deadline:
         time.sleep(0.001)
     assert broker.ask(RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Orders"}).code == ResponseCode.SUCCESS
-    n = len(codes)
-    while len(codes) < n + 20 and time.monotonic() < deadline:
+    n, m = len(sent), len(pulled)
+    while (len(sent) < n + 20 or len(pulled) < m + 20) and time.monotonic() < deadline:
         time.sleep(0.001)
     stop.set()
-    thread.join()
-    assert set(codes) <= {ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST}
-    assert codes[-1] == ResponseCode.TOPIC_NOT_EXIST
+    for thread in threads:
+        thread.join()
+    assert set(sent) <= {ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST}
+    assert sent[-1] == ResponseCode.TOPIC_NOT_EXIST
+    assert {code for code, _ in pulled} <= {ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND,
+                                            ResponseCode.PULL_OFFSET_MOVED, ResponseCode.PULL_RETRY_IMMEDIATELY,
+                                            ResponseCode.TOPIC_NOT_EXIST}, set(pulled)
+    assert pulled[0][0] == ResponseCode.SUCCESS
+    assert pulled[-1] == (ResponseCode.TOPIC_NOT_EXIST, "topic[Orders] not exist, apply first please!")
     assert cq_dirs(broker.root) == ["Payments"]
     assert broker.store.max_offset("Orders", 0) == 0 and broker.store.max_offset("Orders", 1) == 0
 

@@ -327,7 +327,10 @@ class ConsumeQueueView:
         the written end for an empty queue. Derived once from the first file, then cached."""
         if self._min_offset is not None:
             return self._min_offset
-        files = sorted(p.name for p in self.directory.iterdir()) if self.directory.is_dir() else []
+        try:
+            files = sorted(p.name for p in self.directory.iterdir())
+        except (FileNotFoundError, NotADirectoryError):  # never written, or its topic just deleted
+            files = []
         files = [n for n in files if len(n) == 20 and n.isdigit()]
         if not files:
             return self.max_offset
