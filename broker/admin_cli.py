@@ -172,18 +172,14 @@ def _masters(admin: Admin, args: argparse.Namespace) -> dict[str, str]:
     return {args.broker: args.broker}
 
 
-def delete_topic_everywhere(admin: Admin, cluster: str, topic: str) -> None:
-    """mqadmin deleteTopic: DELETE_TOPIC_IN_BROKER on every master of the cluster, then
-    DELETE_TOPIC_IN_NAMESRV (scoped to the cluster) on every name server."""
-    for addr in _masters(admin, argparse.Namespace(cluster=cluster)).values():
-        admin.delete_topic_in_broker(addr, topic)
+def _delete_topic(admin: Admin, cluster: str, topic: str) -> None:
+    admin.delete_topic(topic, cluster)
     print(f"delete topic [{topic}] from cluster [{cluster}] success.")
-    admin.delete_topic_in_namesrv(topic, cluster)
     print(f"delete topic [{topic}] from NameServer success.")
 
 
 def cmd_delete_topic(admin: Admin, args: argparse.Namespace) -> int:
-    delete_topic_everywhere(admin, args.cluster, args.topic)
+    _delete_topic(admin, args.cluster, args.topic)
     return EXIT_OK
 
 
@@ -200,7 +196,7 @@ def cmd_delete_sub_group(admin: Admin, args: argparse.Namespace) -> int:
         print(f"delete subscription group [{args.group}] from broker [{addr}]{where} success.")
     if args.retry_dlq:
         for topic in (f"%RETRY%{args.group}", f"%DLQ%{args.group}"):
-            delete_topic_everywhere(admin, args.cluster, topic)
+            _delete_topic(admin, args.cluster, topic)
     return EXIT_OK
 
 

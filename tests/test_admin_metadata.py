@@ -420,6 +420,25 @@ def _group_and_config_verbs(admin, addr: str, ns_addr: str, capsys) -> None:
     stats = admin.consumer_progress(addr, "CG_DST", "Keep")  # no committed offset left: 0 everywhere
     assert sorted((mq.queue_id, w.consumer_offset) for mq, w in stats.offset_table.items()) == [(0, 0), (1, 0)]
     assert len(admin.consumer_progress(addr, "CG_SRC", "Keep").offset_table) == 2
+    # the group's retry and DLQ topics go only when asked (mqadmin's -c mode always deletes them)
+    for topic in ("%RETRY%CG_X", "%DLQ%CG_X"):
+        admin.create_topic(addr, topic, queues=1)
+        assert admin.wait_writable(topic)
+    code, out, err = _admin(capsys, "deleteSubGroup", "-n", ns_addr, "-b", addr, "-g", "CG_X", "--deleteRetryAndDlq")
+    assert (code, out, err) == (1, "", "error: --deleteRetryAndDlq needs -c: topics are deleted cluster-wide\n")
+    assert _admin(capsys, "deleteSubGroup", "-n", ns_addr, "-c", "DefaultCluster", "-g", "CG_X") == (
+        0, f"delete subscription group [CG_X] from broker [{addr}] in cluster [DefaultCluster] success.\n", "")
+    assert {"%RETRY%CG_X", "%DLQ%CG_X"} <= set(admin.topic_list())
+    code, out, err = _admin(capsys, "deleteSubGroup", "-n", ns_addr, "-c", "DefaultCluster", "-g", "CG_X",
+                            "--deleteRetryAndDlq")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        f"delete subscription group [CG_X] from broker [{addr}] in cluster [DefaultCluster] success.",
+        "delete topic [%RETRY%CG_X] from cluster [DefaultCluster] success.",
+        "delete topic [%RETRY%CG_X] from NameServer success.",
+        "delete topic [%DLQ%CG_X] from cluster [DefaultCluster] success.",
+        "delete topic [%DLQ%CG_X] from NameServer success."]
+    assert not {"%RETRY%CG_X", "%DLQ%CG_X"} & set(admin.topic_list())
     code, out, err = _admin(capsys, "getNamesrvConfig", "-n", ns_addr)
     port = ns_addr.rsplit(":", 1)[1]
     assert (code, err) == (0, "")

@@ -195,6 +195,17 @@ class Admin:
         self._invoke(broker_addr, RemotingCommand.request(RequestCode.DELETE_TOPIC_IN_BROKER, ext),
                      f"delete topic {topic}")
 
+    def delete_topic(self, topic: str, cluster: str) -> list[str]:
+        """``mqadmin deleteTopic``: DELETE_TOPIC_IN_BROKER on every master of ``cluster``, then
+        DELETE_TOPIC_IN_NAMESRV (scoped to the cluster) on every name server; the brokers' addresses."""
+        masters = self.cluster_masters(cluster)
+        if not masters:
+            raise MQClientError(f"cluster {cluster!r} has no master broker")
+        for addr in masters.values():
+            self.delete_topic_in_broker(addr, topic)
+        self.delete_topic_in_namesrv(topic, cluster)
+        return list(masters.values())
+
     def delete_subscription_group(self, broker_addr: str, group: str, clean_offset: bool = False) -> None:
         """DELETE_SUBSCRIPTIONGROUP; ``clean_offset`` also removes the group's offsets."""
         ext = DeleteSubscriptionGroupRequestHeader(group_name=group, clean_offset=clean_offset).to_ext()
