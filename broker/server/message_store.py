@@ -680,6 +680,7 @@ class MessageStore:
         self._topic_fences: dict[str, int] = {}  # persisted in config/DELETED_TOPICS_FILE
         self._deleting: set[str] = set()  # topics whose queues are being removed: every put refused
         self._deleted: set[str] = set()  # deleted by this process: client puts refused while config-less
+        self._delete_lock = threading.Lock()  # one topic deletion at a time (Apache's is synchronized)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def open(self) -> recovery.RecoveryReport:
@@ -1298,6 +1299,10 @@ class MessageStore:
         self._require_open()
         if not TOPIC_NAME_PATTERN.fullmatch(topic):  # it names a directory: never anything outside consumequeue/
             raise InvalidTopicError(f"topic {topic[:300]!r} has characters outside [%|a-zA-Z0-9_-]")
+        with self._delete_lock:
+            return self._delete_topic_queues(topic)
+
+    def _delete_topic_queues(self, topic: str) -> int:
         with self._put_lock:
             fence = max(self._committed_end, self._topic_fences.get(topic, 0))
             self._deleting.add(topic)
