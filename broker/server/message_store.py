@@ -328,8 +328,8 @@ class ConsumeQueueView:
         if self._min_offset is not None:
             return self._min_offset
         try:
-            files = sorted(p.name for p in self.directory.iterdir())
-        except (FileNotFoundError, NotADirectoryError):  # never written, or its topic just deleted
+            files = sorted(p.name for p in self.directory.iterdir()) if self.directory.is_dir() else []
+        except FileNotFoundError:  # removed after is_dir(): its topic was just deleted
             files = []
         files = [n for n in files if len(n) == 20 and n.isdigit()]
         if not files:
