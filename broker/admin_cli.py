@@ -1,4 +1,4 @@
-"""``rocketlake admin``: Apache ``mqadmin``'s topic, consumer-progress and broker statistics verbs.
+"""``rocketlake admin``: Apache ``mqadmin``'s topic, group, offset, name-server-config and broker statistics verbs.
 
 Same subcommand names and short flags as ``mqadmin`` (``updateTopic -n NS -c CLUSTER -t TOPIC``…),
 so runbooks written for an Apache cluster work here, and only standard request codes are sent, so
@@ -254,6 +254,74 @@ def cmd_stats_all(admin: Admin, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _masters(admin: Admin, args: argparse.Namespace) -> dict[str, str]:
+    """Broker name -> address of the -c cluster's masters, or the -b broker alone."""
+    from broker.client import MQClientError
+
+    if getattr(args, "cluster", None):
+        masters = admin.cluster_masters(args.cluster)
+        if not masters:
+            raise MQClientError(f"cluster {args.cluster!r} has no master broker")
+        return masters
+    return {args.broker: args.broker}
+
+
+def _delete_topic(admin: Admin, cluster: str, topic: str) -> None:
+    admin.delete_topic(topic, cluster)
+    print(f"delete topic [{topic}] from cluster [{cluster}] success.")
+    print(f"delete topic [{topic}] from NameServer success.")
+
+
+def cmd_delete_topic(admin: Admin, args: argparse.Namespace) -> int:
+    _delete_topic(admin, args.cluster, args.topic)
+    return EXIT_OK
+
+
+def cmd_delete_sub_group(admin: Admin, args: argparse.Namespace) -> int:
+    """DELETE_SUBSCRIPTIONGROUP on one broker or every master of a cluster; the group's retry and
+    DLQ topics only with --deleteRetryAndDlq (and -c), which mqadmin's cluster mode always does."""
+    from broker.client import MQClientError
+
+    if args.retry_dlq and not args.cluster:
+        raise MQClientError("--deleteRetryAndDlq needs -c: topics are deleted cluster-wide")
+    for addr in _masters(admin, args).values():
+        admin.delete_subscription_group(addr, args.group, args.remove_offset)
+        where = f" in cluster [{args.cluster}]" if args.cluster else ""
+        print(f"delete subscription group [{args.group}] from broker [{addr}]{where} success.")
+    if args.retry_dlq:
+        for topic in (f"%RETRY%{args.group}", f"%DLQ%{args.group}"):
+            _delete_topic(admin, args.cluster, topic)
+    return EXIT_OK
+
+
+def cmd_clone_group_offset(admin: Admin, args: argparse.Namespace) -> int:
+    """CLONE_GROUP_OFFSET on every master serving the topic."""
+    from broker.client import MQClientError
+
+    masters = admin.route_masters(args.topic)
+    if not masters:
+        raise MQClientError(f"topic {args.topic!r} has no master broker in its route")
+    for addr in masters.values():
+        admin.clone_group_offset(addr, args.src, args.dest, args.topic, args.offline)
+    print(f"clone group offset success. srcGroup[{args.src}], destGroup=[{args.dest}], topic[{args.topic}]")
+    return EXIT_OK
+
+
+def cmd_get_namesrv_config(admin: Admin, args: argparse.Namespace) -> int:
+    for addr, values in admin.namesrv_config().items():
+        print(f"============{addr}============")
+        for key in sorted(values):
+            print(f"{key:<50}=  {values[key]}")
+    return EXIT_OK
+
+
+def cmd_update_namesrv_config(admin: Admin, args: argparse.Namespace) -> int:
+    admin.update_namesrv_config({args.key: args.value})
+    print(f"update name server config success![{args.namesrv}]")
+    print(f"{args.key} : {args.value}")
+    return EXIT_OK
+
+
 def cmd_admin(args: argparse.Namespace) -> int:
     """Run one subcommand with a connected :class:`Admin`; every failure becomes one stderr line."""
     from broker.client import Admin, MQClientError
@@ -281,7 +349,8 @@ def add_admin_parser(sub: argparse._SubParsersAction) -> None:
                         required=env_ns is None, metavar="NAMESRV",
                         help="name server address(es), host:port[;host:port] (default: $NAMESRV_ADDR)")
 
-    admin = sub.add_parser("admin", help="mqadmin's topic, consumer-progress and broker statistics commands",
+    admin = sub.add_parser("admin", help="mqadmin's topic, group, offset, name server config and broker statistics "
+                                          "commands",
                            description="A subset of Apache RocketMQ's mqadmin, same names and flags. "
                                        "Exit 1 on failures, 2 on bad arguments.")
     asub = admin.add_subparsers(dest="admin_command", required=True, metavar="SUBCOMMAND")
@@ -339,3 +408,35 @@ def add_admin_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-a", "--activeTopic", dest="active", action="store_true",
                    help="only topics with messages in or out in the last 24 h")
     p.add_argument("-t", "--topic", default=None, help="only this topic")
+
+    p = add("deleteTopic", cmd_delete_topic,
+            "delete a topic from every master of a cluster (config, consume queues, consumer offsets) "
+            "and from the name servers")
+    p.add_argument("-c", "--clusterName", dest="cluster", required=True)
+    p.add_argument("-t", "--topic", required=True)
+
+    p = add("deleteSubGroup", cmd_delete_sub_group,
+            "delete a consumer group's subscription config from one broker (-b) or every master of a cluster (-c)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("-c", "--clusterName", dest="cluster", help="every master broker of this cluster")
+    where.add_argument("-b", "--brokerAddr", dest="broker", type=_address, help="this broker (host:port)")
+    p.add_argument("-g", "--groupName", dest="group", required=True)
+    p.add_argument("-r", "--removeOffset", dest="remove_offset", type=_bool_text, default=False,
+                   metavar="true|false", help="also remove the group's consumer offsets (default false)")
+    p.add_argument("--deleteRetryAndDlq", dest="retry_dlq", action="store_true",
+                   help="with -c: also delete the group's %%RETRY%% and %%DLQ%% topics (not done otherwise)")
+
+    p = add("cloneGroupOffset", cmd_clone_group_offset,
+            "copy a group's consumer offsets on a topic to another group, on every master serving the topic")
+    p.add_argument("-s", "--srcGroup", dest="src", required=True)
+    p.add_argument("-d", "--destGroup", dest="dest", required=True)
+    p.add_argument("-t", "--topic", required=True)
+    p.add_argument("-o", "--offline", type=_bool_text, default=False, metavar="true|false",
+                   help="clone even when the online source group does not subscribe to the topic (default false)")
+
+    add("getNamesrvConfig", cmd_get_namesrv_config, "every name server's settings")
+
+    p = add("updateNamesrvConfig", cmd_update_namesrv_config,
+            "change one setting on every name server (refused when unknown or not changeable at runtime)")
+    p.add_argument("-k", "--key", required=True)
+    p.add_argument("-v", "--value", required=True)

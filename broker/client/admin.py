@@ -28,12 +28,17 @@ from broker.remoting.bodies import (
 from broker.remoting.codes import MASTER_ID, RequestCode, ResponseCode, response_code_name
 from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import (
+    CloneGroupOffsetRequestHeader,
     CreateTopicRequestHeader,
+    DeleteSubscriptionGroupRequestHeader,
+    DeleteTopicFromNamesrvRequestHeader,
+    DeleteTopicRequestHeader,
     GetConsumeStatsInBrokerHeader,
     QueryConsumeTimeSpanRequestHeader,
     QueryTopicConsumeByWhoRequestHeader,
     ViewBrokerStatsDataRequestHeader,
 )
+from broker.remoting.properties_body import CHARSET, parse_properties, properties_to_text
 from broker.remoting.transport import RemotingError
 from broker.store.config_files import SubscriptionGroupConfig
 
@@ -68,7 +73,39 @@ class Admin:
             raise MQClientError(f"{what} failed: broker {addr} did not answer ({exc or type(exc).__name__})") from None
         return self._ok(resp, f"{what} on {addr}")
 
+    def _invoke_each_namesrv(self, cmd_factory, what: str) -> dict[str, RemotingCommand]:
+        """The same request to every name server (mqadmin's admin verbs address each one); the
+        first that cannot be reached or refuses is an MQClientError naming it."""
+        answers = {}
+        for addr in self.client.namesrv_addrs:
+            try:
+                resp = self.client.invoke(addr, cmd_factory())
+            except (RemotingError, OSError, TimeoutError) as exc:
+                raise MQClientError(f"{what} failed: name server {addr} did not answer "
+                                    f"({exc or type(exc).__name__})") from None
+            answers[addr] = self._ok(resp, f"{what} on name server {addr}")
+        return answers
+
     # ---- name server -------------------------------------------------------------------------------
+    def delete_topic_in_namesrv(self, topic: str, cluster: str | None = None) -> None:
+        """DELETE_TOPIC_IN_NAMESRV on every name server: the whole topic, or (``cluster``) only
+        its queues on that cluster's brokers."""
+        ext = DeleteTopicFromNamesrvRequestHeader(topic=topic, cluster_name=cluster or None).to_ext()
+        self._invoke_each_namesrv(lambda: RemotingCommand.request(RequestCode.DELETE_TOPIC_IN_NAMESRV, ext),
+                                  f"delete topic {topic}")
+
+    def namesrv_config(self) -> dict[str, dict[str, str]]:
+        """GET_NAMESRV_CONFIG: every name server's settings (address -> key -> value)."""
+        answers = self._invoke_each_namesrv(lambda: RemotingCommand.request(RequestCode.GET_NAMESRV_CONFIG),
+                                            "get name server config")
+        return {addr: parse_properties(resp.body.decode(CHARSET)) for addr, resp in answers.items()}
+
+    def update_namesrv_config(self, values: dict[str, str]) -> None:
+        """UPDATE_NAMESRV_CONFIG with ``values`` on every name server (each applies all or none)."""
+        body = properties_to_text(values).encode(CHARSET)
+        self._invoke_each_namesrv(lambda: RemotingCommand.request(RequestCode.UPDATE_NAMESRV_CONFIG, body=body),
+                                  "update name server config")
+
     def cluster_info(self) -> ClusterInfo:
         resp = self.client.invoke_namesrv(lambda: RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO))
         return ClusterInfo.decode(self._ok(resp, "cluster info").body)
@@ -168,6 +205,37 @@ class Admin:
         body = dumps_json(config.to_json())
         self._invoke(broker_addr, RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body),
                      f"create group {config.group_name}")
+
+    def delete_topic_in_broker(self, broker_addr: str, topic: str) -> None:
+        """DELETE_TOPIC_IN_BROKER: config, consume queues and every group's offsets of ``topic``."""
+        ext = DeleteTopicRequestHeader(topic=topic).to_ext()
+        self._invoke(broker_addr, RemotingCommand.request(RequestCode.DELETE_TOPIC_IN_BROKER, ext),
+                     f"delete topic {topic}")
+
+    def delete_topic(self, topic: str, cluster: str) -> list[str]:
+        """``mqadmin deleteTopic``: DELETE_TOPIC_IN_BROKER on every master of ``cluster``, then
+        DELETE_TOPIC_IN_NAMESRV (scoped to the cluster) on every name server; the brokers' addresses."""
+        masters = self.cluster_masters(cluster)
+        if not masters:
+            raise MQClientError(f"cluster {cluster!r} has no master broker")
+        for addr in masters.values():
+            self.delete_topic_in_broker(addr, topic)
+        self.delete_topic_in_namesrv(topic, cluster)
+        return list(masters.values())
+
+    def delete_subscription_group(self, broker_addr: str, group: str, clean_offset: bool = False) -> None:
+        """DELETE_SUBSCRIPTIONGROUP; ``clean_offset`` also removes the group's offsets."""
+        ext = DeleteSubscriptionGroupRequestHeader(group_name=group, clean_offset=clean_offset).to_ext()
+        self._invoke(broker_addr, RemotingCommand.request(RequestCode.DELETE_SUBSCRIPTIONGROUP, ext),
+                     f"delete group {group}")
+
+    def clone_group_offset(self, broker_addr: str, src_group: str, dest_group: str, topic: str,
+                           offline: bool = False) -> None:
+        """CLONE_GROUP_OFFSET: ``dest_group``'s offsets on ``topic`` become ``src_group``'s."""
+        ext = CloneGroupOffsetRequestHeader(src_group=src_group, dest_group=dest_group, topic=topic,
+                                            offline=offline).to_ext()
+        self._invoke(broker_addr, RemotingCommand.request(RequestCode.CLONE_GROUP_OFFSET, ext),
+                     f"clone offsets of {src_group} to {dest_group}")
 
     def topic_stats(self, broker_addr: str, topic: str) -> TopicStatsTable:
         resp = self._invoke(broker_addr, RemotingCommand.request(RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic}),

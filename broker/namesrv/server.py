@@ -3,8 +3,13 @@
 Served codes (remoting-protocol.md sections 5, 8.2, 11): REGISTER_BROKER 103, UNREGISTER_BROKER 104,
 GET_ROUTEINFO_BY_TOPIC 105, GET_BROKER_CLUSTER_INFO 106, GET_ALL_TOPIC_LIST_FROM_NAMESERVER 206,
 DELETE_TOPIC_IN_NAMESRV 216, GET_KVLIST_BY_NAMESPACE 219, GET_TOPICS_BY_CLUSTER 224,
-QUERY_DATA_VERSION 322 and the in-memory KV config 100-102. Anything else is answered 3
+UPDATE_NAMESRV_CONFIG 318, GET_NAMESRV_CONFIG 319, QUERY_DATA_VERSION 322 and the in-memory KV
+config 100-102. Anything else is answered 3
 (REQUEST_CODE_NOT_SUPPORTED) by the transport.
+
+The config requests speak Java properties text under Apache's ``NamesrvConfig``/``NettyServerConfig``
+names, for the settings this name server really has (see :data:`CONFIG_KEYS`); an update changes
+the runtime ones and refuses anything else as a whole, with a remark naming the keys.
 
 Like Java, a broker's routes vanish when its registration connection closes or after
 ``broker_timeout_s`` without a registration (scanned every ``scan_interval_s``). Nothing is
@@ -31,6 +36,7 @@ from broker.remoting.bodies import (
     loads_lenient,
 )
 from broker.remoting.codes import RequestCode, ResponseCode, Version
+from broker.remoting.properties_body import CHARSET, PropertiesError, parse_properties, properties_to_text
 from broker.remoting.command import RemotingCommand
 from broker.remoting.frame import DEFAULT_MAX_FRAME
 from broker.remoting.headers import (
@@ -56,6 +62,11 @@ DEFAULT_PORT = 9876
 DEFAULT_SCAN_INTERVAL_S = 5.0
 ORDER_TOPIC_NAMESPACE = "ORDER_TOPIC_CONFIG"  # NamesrvUtil.NAMESPACE_ORDER_TOPIC_CONFIG
 _CONN_TRACKED = "namesrv.close_hooked"
+# Apache's names of the settings this name server has; the second element says whether an update may
+# change it while running. scanNotActiveBrokerInterval is in milliseconds (5.x NamesrvConfig).
+CONFIG_KEYS = {"listenPort": False, "orderMessageEnable": True, "scanNotActiveBrokerInterval": True}
+# NamesrvConfig.configBlackList (4.9.7+): never updatable over the wire
+CONFIG_BLACK_LIST = ("configBlackList", "configStorePath", "kvConfigPath")
 
 Handler = Callable[[RemotingCommand, Connection], RemotingCommand]
 
@@ -76,6 +87,7 @@ class NameServer:
         self.routes = RouteTable(broker_timeout_s=broker_timeout_s, clock=clock)
         self.kv: dict[str, dict[str, str]] = {}
         self.scan_interval_s = scan_interval_s
+        self.order_message_enable = False  # NamesrvConfig.orderMessageEnable: routes carry orderTopicConf
         self.server = RemotingServer(host, port, self.process, name="namesrv", reuse_port=reuse_port,
                                      max_frame=max_frame)
         self._scanner: asyncio.Task[None] | None = None
@@ -92,6 +104,8 @@ class NameServer:
             RequestCode.GET_TOPICS_BY_CLUSTER: self._get_topics_by_cluster,
             RequestCode.DELETE_TOPIC_IN_NAMESRV: self._delete_topic,
             RequestCode.QUERY_DATA_VERSION: self._query_data_version,
+            RequestCode.GET_NAMESRV_CONFIG: self._get_config,
+            RequestCode.UPDATE_NAMESRV_CONFIG: self._update_config,
         }
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -208,6 +222,8 @@ class NameServer:
         if route is None:
             log.debug("no route for topic %s (asked by %s)", header.topic, conn.peer)
             return cmd.response(ResponseCode.TOPIC_NOT_EXIST, remark=no_route_remark(header.topic))
+        if self.order_message_enable:
+            route.order_topic_conf = self.kv.get(ORDER_TOPIC_NAMESPACE, {}).get(header.topic)
         # Standard JSON for everyone: the C++ client (version 63) accepts quoted keys too (11.1).
         return cmd.response(body=route.encode())
 
@@ -224,6 +240,55 @@ class NameServer:
     def _delete_topic(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         header = DeleteTopicFromNamesrvRequestHeader.from_command(cmd)
         self.routes.delete_topic(header.topic, header.cluster_name)
+        return cmd.response()
+
+    # --- own config -------------------------------------------------------------------------------
+    def config_values(self) -> dict[str, object]:
+        """The settings under Apache's names, as GET_NAMESRV_CONFIG answers them."""
+        return {"listenPort": self.port, "orderMessageEnable": self.order_message_enable,
+                "scanNotActiveBrokerInterval": round(self.scan_interval_s * 1000)}
+
+    def _get_config(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        return cmd.response(body=properties_to_text(self.config_values()).encode(CHARSET))
+
+    def _update_config(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        """Apply every key of the body or none: refusals name all offending keys."""
+        if not cmd.body:
+            return cmd.response()
+        try:
+            values = parse_properties(cmd.body.decode(CHARSET))
+        except (UnicodeDecodeError, PropertiesError) as exc:
+            log.warning("UPDATE_NAMESRV_CONFIG from %s: unreadable body: %s", conn.peer, exc)
+            return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"string2Properties error: {exc}")
+        if any(key in CONFIG_BLACK_LIST for key in values):
+            return cmd.response(ResponseCode.NO_PERMISSION, remark="Can not update config in black list.")
+        changes: dict[str, object] = {}
+        problems = []
+        unknown = sorted(k for k in values if k not in CONFIG_KEYS)
+        if unknown:
+            problems.append(f"unknown name server config key(s): {', '.join(unknown)} "
+                            f"(this name server has: {', '.join(sorted(CONFIG_KEYS))})")
+        for key in sorted(k for k in values if k in CONFIG_KEYS):
+            text = values[key].strip()
+            if not CONFIG_KEYS[key]:
+                problems.append(f"{key} cannot be changed while the name server runs")
+            elif key == "orderMessageEnable":
+                if text.lower() not in ("true", "false"):
+                    problems.append(f"{key}: {values[key]!r} is not true or false")
+                else:
+                    changes[key] = text.lower() == "true"
+            elif not text.isdigit() or int(text) <= 0:
+                problems.append(f"{key}: {values[key]!r} is not a positive number of milliseconds")
+            else:
+                changes[key] = int(text)
+        if problems:
+            log.warning("UPDATE_NAMESRV_CONFIG from %s refused: %s", conn.peer, "; ".join(problems))
+            return cmd.response(ResponseCode.INVALID_PARAMETER, remark="; ".join(problems))
+        if "orderMessageEnable" in changes:
+            self.order_message_enable = bool(changes["orderMessageEnable"])
+        if "scanNotActiveBrokerInterval" in changes:
+            self.scan_interval_s = int(changes["scanNotActiveBrokerInterval"]) / 1000  # type: ignore[call-overload]
+        log.info("name server config updated by %s: %s", conn.peer, changes)
         return cmd.response()
 
     # --- KV config --------------------------------------------------------------------------------

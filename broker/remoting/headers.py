@@ -43,6 +43,7 @@ __all__ = [
     "DeleteTopicFromNamesrvRequestHeader", "WipeWritePermOfBrokerRequestHeader",
     "ViewBrokerStatsDataRequestHeader", "GetConsumeStatsInBrokerHeader", "QueryTopicConsumeByWhoRequestHeader",
     "QueryConsumeTimeSpanRequestHeader",
+    "DeleteTopicRequestHeader", "DeleteSubscriptionGroupRequestHeader", "CloneGroupOffsetRequestHeader",
 ]
 
 H = TypeVar("H", bound="RequestHeader")
@@ -389,6 +390,37 @@ class CreateTopicRequestHeader(RequestHeader):
     order: bool = _f("order", "bool", default=False)
     attributes: str | None = _f("attributes")  # 5.x "+key=value,…"
     force: bool | None = _f("force", "bool")
+
+
+@_header
+class DeleteTopicRequestHeader(RequestHeader):
+    CODES = (RequestCode.DELETE_TOPIC_IN_BROKER,)
+
+    topic: str = _f("topic", required=True)
+
+
+@_header
+class DeleteSubscriptionGroupRequestHeader(RequestHeader):
+    """DELETE_SUBSCRIPTIONGROUP (207). ``cleanOffset`` (4.9.x, a primitive ``boolean`` defaulting to
+    false) also removes the group's committed offsets."""
+
+    CODES = (RequestCode.DELETE_SUBSCRIPTIONGROUP,)
+
+    group_name: str = _f("groupName", required=True)
+    clean_offset: bool = _f("cleanOffset", "bool", default=False)
+
+
+@_header
+class CloneGroupOffsetRequestHeader(RequestHeader):
+    """CLONE_GROUP_OFFSET (314). ``topic`` blank means every topic ``srcGroup`` has offsets for;
+    ``offline`` (primitive ``boolean``) skips the check against the source group's online subscriptions."""
+
+    CODES = (RequestCode.CLONE_GROUP_OFFSET,)
+
+    src_group: str = _f("srcGroup", required=True)
+    dest_group: str = _f("destGroup", required=True)
+    topic: str | None = _f("topic")
+    offline: bool = _f("offline", "bool", default=False)
 
 
 @_header

@@ -5,6 +5,11 @@ this process reads the new records back from the commitlog files, writes consume
 index entries, fsyncs them periodically, and reports which queues grew so the store process can serve
 them (and wake long-polling pulls). Dispatch is idempotent, so a crash anywhere is repaired by the
 next start's recovery.
+
+Deleting a topic's consume queues (DELETE_TOPIC_IN_BROKER) is a command to this process, because it
+holds the queue files open and appends to them: it runs between two dispatch batches (so no unit is
+half written), closes the topic's files, removes its directory, remembers the fence below which the
+topic's records are not queued again, and acknowledges; the store process waits for that answer.
 """
 
 from __future__ import annotations
@@ -45,8 +50,29 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+DELETE_TOPIC_TIMEOUT_S = 30.0
+DELETED = "topic-deleted"  # acknowledgement marker on the progress queue: (DELETED, token, error or None)
+
+
+def _run_commands(commands, dispatcher: Dispatcher, out) -> None:
+    """Topic deletions asked for since the last batch: ``(topic, fence, token)`` each, answered on
+    ``out`` with ``(DELETED, token, None)`` or the error text."""
+    while True:
+        try:
+            topic, fence, token = commands.get_nowait()
+        except queue_mod.Empty:
+            return
+        try:
+            dispatcher.drop_topic(topic, fence)
+            error = None
+        except Exception as exc:  # answer it: the store process must not wait for ever
+            log.exception("deleting the consume queues of %s failed", topic)
+            error = f"{type(exc).__name__}: {exc}"
+        out.put((DELETED, token, error))
+
+
 def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, committed, wake, stop,
-                    out, log_level: int, parent_pid: int) -> None:
+                    out, log_level: int, parent_pid: int, commands=None) -> None:
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [dispatch] %(name)s: %(message)s")
     _die_with_parent(parent_pid)
     store_path = Path(store_dir)
@@ -64,6 +90,8 @@ def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, 
             if os.getppid() != parent_pid:
                 log.error("the store process %d is gone; exiting without writing anything more", parent_pid)
                 os._exit(1)
+            if commands is not None:
+                _run_commands(commands, dispatcher, out)
             end = committed.value
             if end > dispatcher.next_offset:
                 dispatcher.catch_up(dispatcher.next_offset, end)
@@ -94,18 +122,44 @@ class ExternalDispatcher:
         self._wake = ctx.Event()
         self._stop = ctx.Event()
         self._out = ctx.Queue()
+        self._commands = ctx.Queue()
         self.process = ctx.Process(target=dispatcher_main, name="rocketlake-dispatch",
                                    args=(str(store.store_dir), store.settings, start, self._committed,
-                                         self._wake, self._stop, self._out, log_level, os.getpid()),
+                                         self._wake, self._stop, self._out, log_level, os.getpid(),
+                                         self._commands),
                                    daemon=False)
         self._reader = threading.Thread(target=self._read, name="dispatch-progress", daemon=True)
         self._done = threading.Event()
         self._lock = threading.Lock()  # puts finish on many threads: the published end never goes back
+        self._acks: dict[int, list] = {}  # token -> [threading.Event, error text or None]
+        self._next_token = 0
 
     def start(self) -> None:
         self.process.start()
         self._reader.start()
         self.store.set_commit_listener(self.committed)
+        self.store.set_topic_deleter(self.delete_topic)
+
+    def delete_topic(self, topic: str, fence: int, timeout: float = DELETE_TOPIC_TIMEOUT_S) -> None:
+        """Have the dispatcher process remove ``topic``'s consume queues; returns once it did.
+        Raises RuntimeError when it failed, did not answer in time or is not running."""
+        with self._lock:
+            self._next_token += 1
+            token = self._next_token
+            ack = self._acks[token] = [threading.Event(), None]
+        try:
+            if self._done.is_set() or not self.process.is_alive():
+                raise RuntimeError("the dispatcher process is not running")
+            self._commands.put((topic, fence, token))
+            self._wake.set()
+            if not ack[0].wait(timeout):
+                raise RuntimeError(f"the dispatcher process did not delete the queues of {topic} "
+                                   f"within {timeout:g} s")
+            if ack[1] is not None:
+                raise RuntimeError(f"the dispatcher process could not delete the queues of {topic}: {ack[1]}")
+        finally:
+            with self._lock:
+                self._acks.pop(token, None)
 
     def committed(self, end: int) -> None:
         with self._lock:
@@ -126,6 +180,13 @@ class ExternalDispatcher:
             if item is None:
                 self._done.set()
                 return
+            if item[0] == DELETED:
+                with self._lock:
+                    ack = self._acks.get(item[1])
+                if ack is not None:
+                    ack[1] = item[2]
+                    ack[0].set()
+                continue
             queues, last_ts, dispatched_end = item
             try:
                 self.store.external_advance(queues, last_ts, dispatched_end)

@@ -22,6 +22,7 @@ import enum
 import logging
 import os
 import random
+import shutil
 import struct
 import threading
 import time
@@ -42,6 +43,7 @@ from broker.server.offsets import (
 )
 from broker.store.checkpoint import Checkpoint, CheckpointError, checkpoint_path, read_checkpoint
 from broker.store.commitlog import CommitLog, CommitLogWriter, offset_to_file_name
+from broker.store.config_files import ConfigFileError, load_topic_fences, save_topic_fences
 from broker.store.constants import (
     CONSUME_QUEUE_DIR,
     CQ_STORE_UNIT_SIZE,
@@ -60,6 +62,7 @@ from broker.store.constants import (
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_RETRY_TOPIC,
+    TOPIC_NAME_PATTERN,
     TRANSACTION_NOT_TYPE,
     TRANSACTION_TYPE_MASK,
     is_indexed,
@@ -161,6 +164,9 @@ class PutStatus(enum.Enum):
     PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
     SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
     UNKNOWN_ERROR = "UNKNOWN_ERROR"
+    # ours: the topic is being deleted, or was deleted by this process and has no config again
+    # (a send that checked the topic just before DELETE_TOPIC_IN_BROKER must not recreate its queue)
+    TOPIC_NOT_EXIST = "TOPIC_NOT_EXIST"
 
 
 class GetStatus(enum.Enum):
@@ -352,6 +358,12 @@ class QueueRegistry:
         with self._lock:
             return list(self._views.items())
 
+    def drop_topic(self, topic: str) -> None:
+        """Forget every queue of a deleted topic (reads then see empty queues)."""
+        with self._lock:
+            for key in [k for k in self._views if k[0] == topic]:
+                del self._views[key]
+
 
 # =====================================================================================================
 # Dispatch
@@ -395,6 +407,7 @@ class Dispatcher:
         self.last_store_timestamp = 0
         self._listeners: list[Callable[[str, int, int], None]] = []
         self.released = False  # writers handed to an external dispatcher process
+        self.topic_fences: dict[str, int] = {}  # deleted topic -> fence: its records below are not queued
 
     def _complete_last_indexed(self) -> None:
         """A crash between two index puts of one record leaves it half indexed at the watermark,
@@ -422,7 +435,7 @@ class Dispatcher:
                 with self.index_lock:
                     did = self.index.dispatch(rec) > 0
                     self._index_watermark = rec.physical_offset
-            if is_queued(rec.sys_flag) and self.cq.dispatch(rec):
+            if is_queued(rec.sys_flag) and self._queued_topic(rec) and self.cq.dispatch(rec):
                 did = True
                 span = touched.setdefault((rec.topic, rec.queue_id), [rec.queue_offset, 0, 0])
                 span[1:] = [rec.queue_offset + 1, rec.physical_offset + rec.total_size]
@@ -448,6 +461,27 @@ class Dispatcher:
                 except Exception:  # a listener must not break the write path
                     log.exception("dispatch listener failed")
         return changed
+
+    def _queued_topic(self, rec: MessageRecord) -> bool:
+        """False for a record of a deleted topic stored before the deletion (see ``topic_fences``)."""
+        fence = self.topic_fences.get(rec.topic) if self.topic_fences else None
+        return fence is None or rec.physical_offset >= fence
+
+    def drop_topic(self, topic: str, fence: int) -> None:
+        """Delete a topic's consume queues: close this dispatcher's files of the topic, remove its
+        directory, and never queue its records below ``fence`` again. The caller guarantees nothing
+        dispatches meanwhile (the store holds its put lock; the dispatcher process runs this between
+        batches)."""
+        self.topic_fences[topic] = max(fence, self.topic_fences.get(topic, 0))
+        for key in [k for k in self.cq.queues if k[0] == topic]:
+            self.cq.queues.pop(key).close()
+        directory = self.store_dir / CONSUME_QUEUE_DIR / topic
+        with self._sync_lock:
+            self._dirty_files = {p for p in self._dirty_files if directory not in p.parents}
+        self.queues.drop_topic(topic)
+        if directory.is_dir():
+            shutil.rmtree(directory)
+        log.info("deleted the consume queues of %s (records below commitlog offset %d stay unqueued)", topic, fence)
 
     def catch_up(self, from_offset: int, to_offset: int | None = None, commitlog: CommitLog | None = None,
                  batch: int = 1024) -> int:
@@ -607,6 +641,11 @@ class MessageStore:
         self.consumer_offsets: ConsumerOffsetManager | None = None
         self.delay_offsets: DelayOffsetManager | None = None
         self._commit_listener: Callable[[int], None] | None = None
+        self._topic_deleter: Callable[[str, int], None] | None = None
+        self._topic_fences: dict[str, int] = {}  # persisted in config/DELETED_TOPICS_FILE
+        self._deleting: set[str] = set()  # topics whose queues are being removed: every put refused
+        self._deleted: set[str] = set()  # deleted by this process: client puts refused while config-less
+        self._delete_lock = threading.Lock()  # one topic deletion at a time (Apache's is synchronized)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def open(self) -> recovery.RecoveryReport:
@@ -626,6 +665,7 @@ class MessageStore:
             for (topic, qid), tail in report.queue_tails.items():
                 self.queues.seed(topic, qid, tail.max_offset, tail.max_phy_end)
             self._dispatcher = Dispatcher(self.store_dir, self.settings, self.queues, self.clock)
+            self._dispatcher.topic_fences = self._load_topic_fences(report)
             recovery.redispatch(report, self._dispatcher, self.store_dir, self.settings)
             create_abort_marker(self.store_dir)  # as start() does: from here on a crash is abnormal
             counters = {key: view.max_offset for key, view in self.queues.items() if view.max_offset > 0}
@@ -654,6 +694,23 @@ class MessageStore:
         log.info("opened store %s (%s, commitlog end %d)", self.store_dir, self.settings.flush_disk_type,
                  self._committed_end)
         return report
+
+    def _load_topic_fences(self, report: recovery.RecoveryReport) -> dict[str, int]:
+        """Fences of deleted topics, as far as they still matter: one at or below the commitlog's
+        first offset guards nothing any more, and one past a recovered (cut) end is lowered to it,
+        so records written after the restart are queued whatever their topic."""
+        try:
+            stored = load_topic_fences(self.store_dir)
+        except ConfigFileError as exc:
+            raise StoreError(f"cannot read the deleted topics' fences: {exc}") from exc
+        fences = {t: min(f, report.commitlog_end) for t, f in stored.items() if f > report.commitlog_min_offset}
+        self._topic_fences = dict(fences)
+        if fences != stored:
+            self._save_topic_fences()
+        return fences
+
+    def _save_topic_fences(self) -> None:
+        save_topic_fences(self.store_dir, self._topic_fences, fsync=self.settings.fsync_metadata)
 
     def _load_checkpoint(self, recovered_ts: int) -> None:
         try:
@@ -854,6 +911,10 @@ class MessageStore:
                         results[i] = PutResult(PutStatus.SERVICE_NOT_AVAILABLE)
                     prepared = []
                 for i, ready in prepared:
+                    if self._deleting or self._deleted:
+                        if self._refused_topic(ready[0].topic, puts[i][1] or puts[i][2]):
+                            results[i] = PutResult(PutStatus.TOPIC_NOT_EXIST)
+                            continue
                     before = self._writer.write_offset
                     ts = self.clock()
                     try:
@@ -891,6 +952,14 @@ class MessageStore:
                                        tuple(r.physical_offset for r in placed),
                                        sum(r.size for r in placed_results), ts, placed)
         return results  # type: ignore[return-value]
+
+    def _refused_topic(self, topic: str, client_put: bool) -> bool:
+        """Under ``_put_lock``: a topic being deleted takes no put; one deleted by this process takes
+        no client put until it has a config again. Deliveries of the schedule service (not client
+        puts) are let through once the deletion is over: Apache delivers them too, into a new queue."""
+        if topic in self._deleting:
+            return True
+        return client_put and topic in self._deleted and self.topics is not None and self.topics.get(topic) is None
 
     def _prepare(self, records: list[MessageRecord], batch: bool, apply_delay: bool) -> list[MessageRecord] | PutStatus:
         """Validate and rewrite records as the store does before appending (``checkMessage``,
@@ -1180,12 +1249,62 @@ class MessageStore:
             if dispatched_end is not None:
                 d.next_offset = max(d.next_offset, dispatched_end)
         for topic, qid, nxt, phy_end in queues:
+            fence = self._topic_fences.get(topic) if self._topic_fences else None
+            if fence is not None and phy_end <= fence:
+                continue  # progress reported before the topic's deletion reached the dispatcher
             self.queues.advance(topic, qid, nxt, phy_end)
             for fn in d._listeners:
                 try:
                     fn(topic, qid, nxt)
                 except Exception:
                     log.exception("dispatch listener failed")
+
+    def set_topic_deleter(self, fn: Callable[[str, int], None]) -> None:
+        """``fn(topic, fence)`` removes a topic's consume queues in the process that writes them (the
+        external dispatcher) and returns once they are gone; it raises when it cannot."""
+        self._topic_deleter = fn
+
+    def delete_topic_queues(self, topic: str) -> int:
+        """The store side of DELETE_TOPIC_IN_BROKER (``DefaultMessageStore.deleteTopics``): the
+        topic's consume queues are removed, its queue offset counters restart at 0, and its records
+        stored so far (below the returned fence, the commitlog end at deletion) are never queued
+        again, not even by a restart's re-dispatch. The commitlog and the index are not touched.
+
+        While it runs, puts to the topic are refused (TOPIC_NOT_EXIST), so no unit is appended to a
+        file being removed; afterwards client puts stay refused until the topic has a config again.
+        With an external dispatcher the files are removed there (``set_topic_deleter``), between
+        two of its batches, while this process already ignores its progress for the old records."""
+        self._require_open()
+        if not TOPIC_NAME_PATTERN.fullmatch(topic):  # it names a directory: never anything outside consumequeue/
+            raise InvalidTopicError(f"topic {topic[:300]!r} has characters outside [%|a-zA-Z0-9_-]")
+        with self._delete_lock:
+            return self._delete_topic_queues(topic)
+
+    def _delete_topic_queues(self, topic: str) -> int:
+        with self._put_lock:
+            fence = max(self._committed_end, self._topic_fences.get(topic, 0))
+            self._deleting.add(topic)
+            self._deleted.add(topic)
+            self._topic_fences[topic] = fence
+            try:
+                self._save_topic_fences()
+                for key in [k for k in self._writer.queue_offsets if k[0] == topic]:
+                    del self._writer.queue_offsets[key]
+                self.queues.drop_topic(topic)
+                if not self.settings.external_dispatch:
+                    self._dispatcher.drop_topic(topic, fence)
+            except BaseException:
+                self._deleting.discard(topic)
+                raise
+        try:
+            if self.settings.external_dispatch:
+                if self._topic_deleter is None:
+                    raise StoreError(f"no dispatcher process to delete the consume queues of {topic}")
+                self._topic_deleter(topic, fence)
+        finally:
+            with self._put_lock:
+                self._deleting.discard(topic)
+        return fence
 
     def add_dispatch_listener(self, fn: Callable[[str, int, int], None]) -> None:
         """``fn(topic, queue_id, max_offset)`` whenever a queue grows (for long polling)."""

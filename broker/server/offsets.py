@@ -24,6 +24,8 @@ from broker.store.config_files import (
     TopicConfig,
     TopicConfigTable,
     config_path,
+    split_topic_group,
+    topic_group_key,
 )
 from broker.store.constants import (
     CONSUMER_OFFSET_FILE,
@@ -135,6 +137,19 @@ class TopicConfigManager(_Persistent):
             self._changed()
             self.persist()
 
+    def delete(self, topic: str) -> bool:
+        """``deleteTopicConfig``: remove the topic, bump the data version and persist at once;
+        False (nothing written) when there was no such topic."""
+        with self._lock:
+            if self.table.topics.pop(topic, None) is None:
+                log.warning("delete topic config failed, topic: %s not exists", topic)
+                return False
+            self.table.data_version.bump()
+            self._changed()
+            self.persist()
+            log.info("deleted topic config %s", topic)
+            return True
+
     def create_topic_in_send_message(self, topic: str, default_topic: str = DEFAULT_TOPIC,
                                      client_default_queue_nums: int = 4, topic_sys_flag: int = 0) -> TopicConfig | None:
         """Auto-create on send (remoting-protocol.md 9.3): the template must have PERM_INHERIT; the
@@ -219,6 +234,20 @@ class SubscriptionGroupManager(_Persistent):
             self.table.put(config)
             self._changed()
             self.persist()
+
+    def delete(self, group: str) -> bool:
+        """``deleteSubscriptionGroupConfig``: remove the group, bump the data version and persist at
+        once; False (nothing written) when there was no such group."""
+        with self._lock:
+            if self.table.groups.pop(group, None) is None:
+                log.warning("delete subscription group failed, subscription groupName: %s not exist", group)
+                return False
+            self.table.data_version.bump()
+            self._changed()
+            self.persist()
+            self._pulled.pop(group, None)
+            log.info("deleted subscription group %s", group)
+            return True
 
     def update_subscriptions(self, group: str, subscriptions: Iterable[tuple[str, str, str, int]]) -> bool:
         """Record a group's subscriptions from a heartbeat as Apache 5.x's ``subscriptionDataSet``.
@@ -323,6 +352,40 @@ class ConsumerOffsetManager(_Persistent):
     def offsets_for(self, group: str, topic: str) -> dict[int, int]:
         with self._lock:
             return self.table.offsets_for(group, topic)
+
+    def _remove_keys(self, keep: Callable[[str, str], bool]) -> int:
+        with self._lock:
+            gone = [key for key in self.table.offsets
+                    if (pair := split_topic_group(key)) is not None and not keep(*pair)]
+            for key in gone:
+                del self.table.offsets[key]
+            if gone:
+                self._changed()
+            return len(gone)
+
+    def clean_offset_by_topic(self, topic: str) -> int:
+        """``cleanOffsetByTopic``: drop the topic's offsets of every group; how many groups had some."""
+        return self._remove_keys(lambda t, _g: t != topic)
+
+    def remove_offset(self, group: str) -> int:
+        """``removeOffset(group)``: drop the group's offsets on every topic; how many topics had some."""
+        return self._remove_keys(lambda _t, g: g != group)
+
+    def topics_of(self, group: str) -> list[str]:
+        """``whichTopicByConsumer``: the topics ``group`` has committed offsets on, sorted."""
+        with self._lock:
+            return self.table.topics_of(group)
+
+    def clone_offset(self, src_group: str, dest_group: str, topic: str) -> bool:
+        """``cloneOffset``: ``dest_group``'s offsets on ``topic`` become a copy of ``src_group``'s
+        (all queues replaced); False, and nothing changed, when the source has none there."""
+        with self._lock:
+            source = self.table.offsets.get(topic_group_key(topic, src_group))
+            if source is None:
+                return False
+            self.table.offsets[topic_group_key(topic, dest_group)] = dict(source)
+            self._changed()
+            return True
 
 
 class DelayOffsetManager(_Persistent):

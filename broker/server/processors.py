@@ -56,6 +56,7 @@ from broker.remoting.headers import (
     ViewMessageRequestHeader,
 )
 from broker.server.admin_stats import count_send_back, stats_handlers
+from broker.server.admin_metadata import metadata_handlers
 from broker.server.clients import ClientRegistry, Notify
 from broker.server.filter.consumer_filter import Refusal, check_client_config, pull_filter
 from broker.server.message_store import GetStatus, MessageStore, PutResult, PutStatus
@@ -158,6 +159,7 @@ _PUT_CODES = {
     PutStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
     PutStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
     PutStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+    PutStatus.TOPIC_NOT_EXIST: ResponseCode.TOPIC_NOT_EXIST,
 }
 
 
@@ -215,6 +217,7 @@ class BrokerCore:
         }
         self.stats = BrokerStatsManager(cluster_name)  # tests swap in one with a fake clock
         self._handlers.update(stats_handlers(self))
+        self._handlers.update(metadata_handlers(self))
 
     # ---- entry -------------------------------------------------------------------------------------------
     def process(self, req: Request) -> Reply:

@@ -45,6 +45,7 @@ from broker.store.constants import (
     CONFIG_TEMP_SUFFIX,
     CONSUMER_OFFSET_FILE,
     DELAY_OFFSET_FILE,
+    DELETED_TOPICS_FILE,
     SUBSCRIPTION_GROUP_FILE,
     TOPIC_GROUP_SEPARATOR,
     TOPICS_FILE,
@@ -887,6 +888,25 @@ class DelayOffsetTable(_PersistentTable):
 def config_path(store_dir: str | os.PathLike, file_name: str) -> Path:
     """``<store>/config/<file_name>`` (``BrokerPathConfigHelper`` / ``StorePathConfigHelper``)."""
     return Path(store_dir) / CONFIG_DIR / file_name
+
+
+def load_topic_fences(store_dir: str | os.PathLike) -> dict[str, int]:
+    """Deleted topics' fences (``DELETED_TOPICS_FILE``): topic -> the commitlog offset at deletion;
+    empty when the store never had a topic deleted. Raises :class:`ConfigFileError` when unreadable."""
+    loaded = read_config_json(config_path(store_dir, DELETED_TOPICS_FILE))
+    if loaded is None:
+        return {}
+    data = _as_object(loaded.data, DELETED_TOPICS_FILE)
+    fences = {}
+    for topic, fence in data.items():
+        if not isinstance(fence, int) or isinstance(fence, bool) or fence < 0:
+            raise ConfigFileError(f"{loaded.source}: fence of {topic!r} is not a commitlog offset: {fence!r}")
+        fences[str(topic)] = fence
+    return fences
+
+
+def save_topic_fences(store_dir: str | os.PathLike, fences: Mapping[str, int], *, fsync: bool = True) -> None:
+    write_config_json(config_path(store_dir, DELETED_TOPICS_FILE), dict(sorted(fences.items())), fsync=fsync)
 
 
 @dataclass

@@ -158,6 +158,9 @@ TOPICS_FILE = "topics.json"
 CONSUMER_OFFSET_FILE = "consumerOffset.json"
 SUBSCRIPTION_GROUP_FILE = "subscriptionGroup.json"
 DELAY_OFFSET_FILE = "delayOffset.json"
+# Ours, beside Apache's config files (Apache ignores it): deleted topic -> commitlog offset at its
+# deletion. The topic's records below it belong to no consume queue any more (DELETE_TOPIC_IN_BROKER).
+DELETED_TOPICS_FILE = "rocketlakeDeletedTopics.json"
 
 # --- delay levels ----------------------------------------------------------------------------------
 DEFAULT_MESSAGE_DELAY_LEVEL = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"

@@ -329,9 +329,10 @@ class QueueFiles:
 
     def bases(self) -> list[int]:
         """Byte bases of the queue's files, in order (20-digit names only)."""
-        if not self.directory.is_dir():
+        try:
+            names = [p.name for p in self.directory.iterdir()]
+        except (FileNotFoundError, NotADirectoryError):  # none yet, or its topic was just deleted
             return []
-        names = [p.name for p in self.directory.iterdir()]
         return sorted(int(n) for n in names if len(n) == 20 and n.isdigit() and int(n) % CQ_STORE_UNIT_SIZE == 0)
 
     def read(self, start: int, count: int) -> np.ndarray:

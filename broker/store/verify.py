@@ -26,6 +26,7 @@ from broker.store.constants import (
     DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE,
     PROPERTY_DELAY,
 )
+from broker.store.config_files import load_topic_fences
 from broker.store.consume_queue import ConsumeQueue, list_queues, queue_dir
 from broker.store.delay import clamp_level, parse_delay_levels
 from broker.store.findings import Finding
@@ -170,8 +171,9 @@ def _queue_table(store_dir: Path, cl_min: int, report: VerifyReport, files: _Que
 
 
 def _check_queues(records: pa.Table, units: pa.Table, cl_min: int, delay_levels: list[int],
-                  report: VerifyReport, files: _QueueFiles) -> None:
-    """Join units to records on the commitlog offset; only rows with a problem become Python."""
+                  report: VerifyReport, files: _QueueFiles, fences: dict[str, int] | None = None) -> None:
+    """Join units to records on the commitlog offset; only rows with a problem become Python.
+    ``fences`` (deleted topic -> commitlog offset at deletion): those records need no unit."""
     if records.num_rows:
         records = records.append_column("want_tags", pa.array(_expected_tags_codes(records, delay_levels)))
         joined = units.join(records, keys="phy", join_type="left outer")
@@ -207,6 +209,9 @@ def _check_queues(records: pa.Table, units: pa.Table, cl_min: int, delay_levels:
             f"{r['cq_topic']}/{r['cq_queue_id']} offset {r['logical']} -> commitlog {r['phy']}: "
             + "; ".join(problems)))
     dispatchable = records.filter(pc.is_in(records.column("txn"), value_set=pa.array(["NOT", "COMMIT"])))
+    for topic, fence in (fences or {}).items():  # a deleted topic's old records belong to no queue
+        dispatchable = dispatchable.filter(pc.invert(pc.and_(pc.equal(dispatchable.column("rec_topic"), topic),
+                                                             pc.less(dispatchable.column("phy"), fence))))
     covered = pc.is_in(dispatchable.column("phy"), value_set=units.column("phy").combine_chunks())
     missing = dispatchable.filter(pc.invert(covered))
     last_dispatched = int(pc.max(units.column("phy")).as_py()) if units.num_rows else -1
@@ -235,7 +240,7 @@ def verify_store(store_dir: str | Path, *, segment_size: int | None = None,
     units = _queue_table(store_dir, log_.min_offset, report, files)
     if progress:
         progress(f"consume queues: {report.queues} queues, {report.cq_units} units")
-    _check_queues(records, units, log_.min_offset, levels, report, files)
+    _check_queues(records, units, log_.min_offset, levels, report, files, load_topic_fences(store_dir))
     index = IndexService(store_dir)
     report.index_files = len(index.files)
     report.findings.extend(index.findings)
