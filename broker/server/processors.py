@@ -17,6 +17,7 @@ import random
 import threading
 import time
 import zlib
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -119,6 +120,7 @@ class Reply:
     body: bytes = b""
     suspend: tuple[str, int, int, int] | None = None  # (topic, queue id, offset, timeout ms) to park
     notify: list[Notify] = field(default_factory=list)  # NOTIFY_CONSUMER_IDS_CHANGED to send
+    deferred: Future | None = None  # the real reply comes later (a client's answer): a Future of a Reply
 
 
 @dataclass
@@ -217,6 +219,9 @@ class BrokerCore:
             RequestCode.GET_BROKER_RUNTIME_INFO: self.get_broker_runtime_info,
             RequestCode.GET_BROKER_CONFIG: self.get_broker_config,
         }
+        from broker.server.admin_clients import AdminClientHandlers  # it imports this module
+
+        self.admin_clients = AdminClientHandlers(self)  # adds the admin requests about connected clients
 
     # ---- entry -------------------------------------------------------------------------------------------
     def process(self, req: Request) -> Reply:
@@ -499,7 +504,7 @@ class BrokerCore:
                     self.store.groups.update_subscriptions(
                         consumer.group_name,
                         [(s.topic, s.expression_type, s.sub_string, s.sub_version) for s in consumer.subscriptions])
-        notes = self.clients.heartbeat(req.channel, data, req.language, req.version)
+        notes = self.clients.heartbeat(req.channel, data, req.language, req.version, req.peer)
         return Reply(notify=notes)
 
     def unregister_client(self, req: Request) -> Reply:
