@@ -583,6 +583,39 @@ def test_live_reset_offset_by_time_reconsumes(live):
     assert received[before:] == [b"m5", b"m6", b"m7", b"m8", b"m9"]
 
 
+def test_live_admin_cli(live, capsys, monkeypatch):
+    from broker.cli import main
+
+    broker, consumer, _, received, records, _ = live
+    monkeypatch.delenv("NAMESRV_ADDR", raising=False)
+    cid = consumer.client.client_id
+    q = MessageQueue(LIVE_TOPIC, "broker-a", 0)
+    wait_for("the in-memory offset", lambda: consumer.consumer_offsets(LIVE_TOPIC).get(q) == 10, 10)
+
+    def run(*argv: str) -> str:
+        code = main(["admin", *argv, "-n", broker.namesrv])
+        out, err = capsys.readouterr()
+        assert (code, err) == (0, ""), err
+        return out
+
+    out = run("consumerConnection", "-g", LIVE_GROUP)
+    assert f"001  {cid:<40} 127.0.0.1:" in out and "PYTHON    V4_9_4" in out
+    assert f"002  Topic: {LIVE_TOPIC:<40} SubExpression: *" in out and "ConsumeType: CONSUME_PASSIVELY" in out
+    out = run("consumerStatus", "-g", LIVE_GROUP)
+    assert f"#ClientId: {cid}" in out and f"{'consumerGroup':<40}: {LIVE_GROUP}" in out
+    assert f"{LIVE_TOPIC:<32}  {'broker-a':<32}  {0:<4}  10" in out
+    out = run("getConsumerStatus", "-g", LIVE_GROUP, "-t", LIVE_TOPIC)
+    assert out.splitlines()[2] == f"{cid:<50}  {'broker-a':<15}  {0:<15}  10"
+    before = len(received)
+    out = run("consumeMessageDirectly", "-g", LIVE_GROUP, "-d", cid, "-i", records[1].offset_msg_id)
+    assert "consumeResult=CR_SUCCESS" in out and received[before:] == [b"m1"]
+    out = run("resetOffsetByTime", "-g", LIVE_GROUP, "-t", LIVE_TOPIC, "-s", "-1")
+    assert out.splitlines()[-1] == f"{'broker-a':<40}  {0:<40}  10"
+    code = main(["admin", "consumerStatus", "-g", LIVE_GROUP, "-i", "nobody@1", "-n", broker.namesrv])
+    out, err = capsys.readouterr()
+    assert code == 1 and f"The Consumer <{LIVE_GROUP}> <nobody@1> not online" in err and "Traceback" not in err
+
+
 def test_live_client_gone(live):
     broker, consumer, admin, *_ = live
     client_id = consumer.client.client_id
