@@ -616,6 +616,41 @@ def test_live_admin_cli(live, capsys, monkeypatch):
     assert code == 1 and f"The Consumer <{LIVE_GROUP}> <nobody@1> not online" in err and "Traceback" not in err
 
 
+def test_cpp_consumer_running_info_relayed(live, tmp_path):
+    """The C++ client (rocketmq 0.4.4) answers GET_CONSUMER_RUNNING_INFO itself; the broker relays it."""
+    broker, _, admin, *_ = live
+    topic, group = "CppAdminTopic", "CG_CPP_ADMIN"
+    create_routed_topic(broker.addr, broker.namesrv, topic, 2)
+    procs = ClientProcesses(tmp_path)
+    try:
+        cpp = procs.client("cpp-push", ["push_consume.py", broker.namesrv, group, topic, "*", "--unique", "1",
+                                        "--timeout", "60", "--settle", "0"], timeout=90)
+        cpp.wait_line("started")
+
+        def connected():
+            try:
+                conn = admin.consumer_connection(group, broker.addr)
+            except MQClientError:
+                return None
+            return conn if conn.connection_set and conn.connection_set[0].language == "CPP" else None
+
+        (c,) = wait_for("the C++ consumer's heartbeat", connected, 30).connection_set
+        assert c.version == 63
+
+        def running_info():  # it answers once it has rebalanced (queues in mqTable)
+            info = admin.consumer_running_info(group, c.client_id, broker_addr=broker.addr)
+            return info if len([mq for mq in info.mq_table if mq.topic == topic]) == 2 else None
+
+        info = wait_for("the C++ consumer's queues", running_info, 30)
+        assert {mq for mq in info.mq_table if mq.topic == topic} == {MessageQueue(topic, "broker-a", 0),
+                                                                     MessageQueue(topic, "broker-a", 1)}
+        assert info.properties["PROP_CONSUME_TYPE"] == "CONSUME_PASSIVELY"
+        assert info.properties["PROP_CLIENT_VERSION"] == "V3_1_8"
+        assert sorted(s.topic for s in info.subscription_set) == [f"%RETRY%{group}", topic]
+    finally:
+        procs.kill_all()
+
+
 def test_live_client_gone(live):
     broker, consumer, admin, *_ = live
     client_id = consumer.client.client_id

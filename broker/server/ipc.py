@@ -160,7 +160,7 @@ class IpcServer:
                     with self._conns_lock:
                         self._by_pid[pid] = (conn, lock)
                 elif kind == "callrep" and self._on_call_reply is not None:
-                    self._on_call_reply(ident, payload)
+                    self._pool.submit(self._on_call_reply, ident, payload)  # its callbacks build and send replies
         except OSError:
             return
         finally:
