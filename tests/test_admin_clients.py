@@ -651,6 +651,28 @@ def test_cpp_consumer_running_info_relayed(live, tmp_path):
         procs.kill_all()
 
 
+def test_live_client_hanging_up_mid_request(live):
+    """A client that closes its connection instead of answering: the admin gets Apache's error at once."""
+    broker, _, admin, *_ = live
+    asked = []
+
+    async def hang_up(cmd, conn):
+        asked.append(cmd.code)
+        if cmd.code == RequestCode.GET_CONSUMER_RUNNING_INFO:
+            conn.close()
+
+    hb = {"clientID": "127.0.0.1@77#RAW", "producerDataSet": [], "consumerDataSet": [
+        {"groupName": "CG_RAW", "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+         "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "subscriptionDataSet": [], "unitMode": False}]}
+    with SyncRemotingClient(broker.addr, on_request=hang_up) as raw:
+        assert raw.invoke(RemotingCommand.request(RequestCode.HEART_BEAT, body=json.dumps(hb).encode())).code == 0
+        with pytest.raises(MQClientError) as err:
+            admin.consumer_running_info("CG_RAW", "127.0.0.1@77#RAW", broker_addr=broker.addr)
+    assert err.value.code == ResponseCode.SYSTEM_ERROR
+    assert "invoke consumer <CG_RAW> <127.0.0.1@77#RAW> Exception: ConnectionClosed" in str(err.value)
+    assert asked[-1] == RequestCode.GET_CONSUMER_RUNNING_INFO  # after NOTIFY_CONSUMER_IDS_CHANGED
+
+
 def test_live_client_gone(live):
     broker, consumer, admin, *_ = live
     client_id = consumer.client.client_id
