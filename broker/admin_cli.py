@@ -1,4 +1,5 @@
-"""``rocketlake admin``: Apache ``mqadmin``'s topic, group, offset, name-server-config and broker statistics verbs.
+"""``rocketlake admin``: Apache ``mqadmin``'s topic, group, offset, name-server-config, broker statistics and
+connected-client verbs.
 
 Same subcommand names and short flags as ``mqadmin`` (``updateTopic -n NS -c CLUSTER -t TOPIC``…),
 so runbooks written for an Apache cluster work here, and only standard request codes are sent, so
@@ -322,6 +323,131 @@ def cmd_update_namesrv_config(admin: Admin, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_consumer_connection(admin: Admin, args: argparse.Namespace) -> int:
+    """GET_CONSUMER_CONNECTION_LIST: the group's connections, then its subscriptions (mqadmin's layout)."""
+    from broker.remoting.codes import version_desc
+
+    conn = admin.consumer_connection(args.group, args.broker)
+    print(f"{'#':<3}  {'#ClientId':<40} {'#ClientAddr':<22} {'#Language':<9} #Version")
+    for i, c in enumerate(sorted(conn.connection_set, key=lambda c: c.client_id), 1):
+        print(f"{i:03d}  {_cell(c.client_id):<40} {_cell(c.client_addr):<22} {_cell(c.language):<9} "
+              f"{version_desc(c.version)}")
+    print()
+    print("Below is subscription:")
+    for i, topic in enumerate(sorted(conn.subscription_table), 1):
+        print(f"{i:03d}  Topic: {_cell(topic):<40} SubExpression: {_cell(conn.subscription_table[topic].sub_string)}")
+    print()
+    print(f"ConsumeType: {conn.consume_type.name}")
+    print(f"MessageModel: {conn.message_model.name}")
+    print(f"ConsumeFromWhere: {conn.consume_from_where.name}")
+    return EXIT_OK
+
+
+def cmd_producer_connection(admin: Admin, args: argparse.Namespace) -> int:
+    from broker.remoting.codes import version_desc
+
+    conn = admin.producer_connection(args.group, args.topic)
+    for i, c in enumerate(sorted(conn.connection_set, key=lambda c: c.client_id), 1):
+        print(f"{i:04d}  {_cell(c.client_id):<40} {_cell(c.client_addr):<22} {_cell(c.language):<9} "
+              f"{version_desc(c.version)}")
+    return EXIT_OK
+
+
+def cmd_consumer_status(admin: Admin, args: argparse.Namespace) -> int:
+    """mqadmin's consumerStatus: GET_CONSUMER_RUNNING_INFO of one client (-i) or of every client."""
+    client_ids = [args.client_id] if args.client_id else sorted(
+        c.client_id for c in admin.consumer_connection(args.group).connection_set)
+    for client_id in client_ids:
+        info = admin.consumer_running_info(args.group, client_id, jstack=args.jstack)
+        print(f"#ClientId: {_cell(client_id)}")
+        print("#Consumer Properties#")
+        for key in sorted(info.properties):
+            print(f"{_cell(key):<40}: {_cell(info.properties[key])}")
+        print()
+        print("#Consumer Subscription#")
+        for i, sub in enumerate(sorted(info.subscription_set, key=lambda s: s.topic), 1):
+            print(f"{i:03d} Topic: {_cell(sub.topic):<40} ClassFilter: {str(sub.class_filter_mode).lower():<8} "
+                  f"SubExpression: {_cell(sub.sub_string)}")
+        print()
+        print("#Consumer Offset#")
+        print(f"{'#Topic':<32}  {'#Broker Name':<32}  {'#QID':<4}  #Consumer Offset")
+        for mq in sorted(info.mq_table):
+            print(f"{_cell(mq.topic):<32}  {_cell(mq.broker_name):<32}  {mq.queue_id:<4}  "
+                  f"{info.mq_table[mq].commit_offset}")
+        print()
+        print("#Consumer RT&TPS#")
+        print(f"{'#Topic':<32}  {'#Pull RT':<14}  {'#Pull TPS':<14}  {'#Consume RT':<14}  {'#ConsumeOK TPS':<14}  "
+              f"{'#ConsumeFailed TPS':<18}  #ConsumeFailedMsgsInHour")
+        for topic in sorted(info.status_table):
+            st = info.status_table[topic]
+            print(f"{_cell(topic):<32}  {st.pull_rt:<14.2f}  {st.pull_tps:<14.2f}  {st.consume_rt:<14.2f}  "
+                  f"{st.consume_ok_tps:<14.2f}  {st.consume_failed_tps:<18.2f}  {st.consume_failed_msgs}")
+        if info.jstack:
+            print()
+            print("#Consumer jstack#")
+            print(info.jstack)
+        print()
+    return EXIT_OK
+
+
+def cmd_get_consumer_status(admin: Admin, args: argparse.Namespace) -> int:
+    """mqadmin's getConsumerStatus: the offsets each client of the group holds for a topic."""
+    table = admin.consumer_status(args.group, args.topic, args.client_id or "")
+    print(f"get consumer status from client. group={_cell(args.group)}, topic={_cell(args.topic)}, "
+          f"originClientId={_cell(args.client_id or '')}")
+    print(f"{'#clientId':<50}  {'#brokerName':<15}  {'#queueId':<15}  #offset")
+    for client_id in sorted(table):
+        for mq in sorted(table[client_id]):
+            print(f"{_cell(client_id):<50}  {_cell(mq.broker_name):<15}  {mq.queue_id:<15}  "
+                  f"{table[client_id][mq]}")
+    return EXIT_OK
+
+
+def _timestamp(text: str) -> int:
+    """``now``, epoch milliseconds, or mqadmin's ``yyyy-MM-dd#HH:mm:ss:SSS`` (read as UTC here)."""
+    value = text.strip()
+    if value == "now":
+        return int(datetime.now(timezone.utc).timestamp() * 1000)
+    if value.lstrip("-").isdigit():
+        return int(value)
+    try:
+        stamp = datetime.strptime(value, "%Y-%m-%d#%H:%M:%S:%f").replace(tzinfo=timezone.utc)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not now, epoch milliseconds or "
+                                         "yyyy-MM-dd#HH:mm:ss:SSS") from None
+    return int(stamp.timestamp() * 1000)
+
+
+def cmd_reset_offset_by_time(admin: Admin, args: argparse.Namespace) -> int:
+    """INVOKE_BROKER_TO_RESET_OFFSET on every master; an offline group gets mqadmin's fallback
+    (the offsets are committed directly with UPDATE_CONSUMER_OFFSET)."""
+    from broker.client import MQClientError
+    from broker.remoting.codes import ResponseCode
+
+    print(f"rollback consumer offset by specified group[{_cell(args.group)}], topic[{_cell(args.topic)}], "
+          f"force[{str(args.force).lower()}], timestamp(long)[{args.timestamp}]")
+    try:
+        table = admin.reset_offset_by_time(args.group, args.topic, args.timestamp, args.force)
+    except MQClientError as exc:
+        if exc.code != ResponseCode.CONSUMER_NOT_ONLINE:
+            raise
+        print("the consumer group is not online: committing the offsets on the brokers instead")
+        table = admin.reset_offset_by_time_offline(args.group, args.topic, args.timestamp, args.force)
+    print(f"{'#brokerName':<40}  {'#queueId':<40}  #offset")
+    for mq in sorted(table):
+        print(f"{_cell(mq.broker_name):<40}  {mq.queue_id:<40}  {table[mq]}")
+    return EXIT_OK
+
+
+def cmd_consume_message_directly(admin: Admin, args: argparse.Namespace) -> int:
+    """mqadmin's ``queryMsgById -g GROUP -d CLIENT``: the client's listener consumes that message."""
+    result = admin.consume_message_directly(args.group, args.client_id, args.msg_id)
+    print(f"ConsumeMessageDirectlyResult [order={str(result.order).lower()}, "
+          f"autoCommit={str(result.auto_commit).lower()}, consumeResult={result.consume_result.name}, "
+          f"remark={_cell(result.remark or '')}, spentTimeMills={result.spent_time_mills}]")
+    return EXIT_OK
+
+
 def cmd_admin(args: argparse.Namespace) -> int:
     """Run one subcommand with a connected :class:`Admin`; every failure becomes one stderr line."""
     from broker.client import Admin, MQClientError
@@ -349,8 +475,8 @@ def add_admin_parser(sub: argparse._SubParsersAction) -> None:
                         required=env_ns is None, metavar="NAMESRV",
                         help="name server address(es), host:port[;host:port] (default: $NAMESRV_ADDR)")
 
-    admin = sub.add_parser("admin", help="mqadmin's topic, group, offset, name server config and broker statistics "
-                                          "commands",
+    admin = sub.add_parser("admin", help="mqadmin's topic, group, offset, name server config, broker statistics "
+                                          "and connected-client commands",
                            description="A subset of Apache RocketMQ's mqadmin, same names and flags. "
                                        "Exit 1 on failures, 2 on bad arguments.")
     asub = admin.add_subparsers(dest="admin_command", required=True, metavar="SUBCOMMAND")
@@ -440,3 +566,41 @@ def add_admin_parser(sub: argparse._SubParsersAction) -> None:
             "change one setting on every name server (refused when unknown or not changeable at runtime)")
     p.add_argument("-k", "--key", required=True)
     p.add_argument("-v", "--value", required=True)
+
+    p = add("consumerConnection", cmd_consumer_connection,
+            "the connected clients of a consumer group and what the group subscribes to")
+    p.add_argument("-g", "--consumerGroup", dest="group", required=True)
+    p.add_argument("-b", "--brokerAddr", dest="broker", type=_address, default=None,
+                   help="ask this broker (default: a master serving the group's retry topic)")
+
+    p = add("producerConnection", cmd_producer_connection, "the connected clients of a producer group")
+    p.add_argument("-g", "--producerGroup", dest="group", required=True)
+    p.add_argument("-t", "--topic", required=True, help="a topic the group sends to (finds the broker)")
+
+    p = add("consumerStatus", cmd_consumer_status,
+            "each client's running info (properties, subscriptions, offsets, rates), asked through the broker")
+    p.add_argument("-g", "--consumerGroup", dest="group", required=True)
+    p.add_argument("-i", "--clientId", dest="client_id", default=None, help="only this client")
+    p.add_argument("-s", "--jstack", action="store_true", help="with each client's thread dump")
+
+    p = add("getConsumerStatus", cmd_get_consumer_status,
+            "the offsets each client of a consumer group holds in memory for a topic")
+    p.add_argument("-g", "--group", dest="group", required=True)
+    p.add_argument("-t", "--topic", required=True)
+    p.add_argument("-i", "--originClientId", dest="client_id", default=None, help="only this client")
+
+    p = add("resetOffsetByTime", cmd_reset_offset_by_time,
+            "move a consumer group's offsets of a topic to a time: online clients are told at once, an offline "
+            "group's offsets are committed directly")
+    p.add_argument("-g", "--group", dest="group", required=True)
+    p.add_argument("-t", "--topic", required=True)
+    p.add_argument("-s", "--timestamp", type=_timestamp, required=True,
+                   help="now, epoch milliseconds, or yyyy-MM-dd#HH:mm:ss:SSS (UTC); -1 = the end of each queue")
+    p.add_argument("-f", "--force", type=_bool_text, default=True, metavar="true|false",
+                   help="also move offsets forward (default true)")
+
+    p = add("consumeMessageDirectly", cmd_consume_message_directly,
+            "have one client's listener consume one stored message (mqadmin's queryMsgById -g -d)")
+    p.add_argument("-g", "--consumerGroup", dest="group", required=True)
+    p.add_argument("-d", "--clientId", dest="client_id", required=True)
+    p.add_argument("-i", "--msgId", dest="msg_id", required=True, help="the offset message id")

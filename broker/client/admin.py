@@ -14,12 +14,19 @@ from broker.client.instance import ClientInstance, MQClientError
 from broker.remoting.bodies import (
     BrokerStatsData,
     ClusterInfo,
+    ConsumeMessageDirectlyResult,
+    ConsumerConnection,
+    ConsumerRunningInfo,
     ConsumeStats,
     ConsumeStatsList,
+    GetConsumerStatusBody,
     GroupList,
     KVTable,
+    MessageQueue,
+    ProducerConnection,
     QueryConsumeTimeSpanBody,
     QueueTimeSpan,
+    ResetOffsetBody,
     TopicList,
     TopicRouteData,
     TopicStatsTable,
@@ -29,20 +36,30 @@ from broker.remoting.codes import MASTER_ID, RequestCode, ResponseCode, response
 from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import (
     CloneGroupOffsetRequestHeader,
+    ConsumeMessageDirectlyResultRequestHeader,
     CreateTopicRequestHeader,
     DeleteSubscriptionGroupRequestHeader,
     DeleteTopicFromNamesrvRequestHeader,
     DeleteTopicRequestHeader,
+    GetConsumerConnectionListRequestHeader,
+    GetConsumerRunningInfoRequestHeader,
+    GetConsumerStatusRequestHeader,
     GetConsumeStatsInBrokerHeader,
+    GetProducerConnectionListRequestHeader,
     QueryConsumeTimeSpanRequestHeader,
     QueryTopicConsumeByWhoRequestHeader,
+    ResetOffsetRequestHeader,
     ViewBrokerStatsDataRequestHeader,
 )
 from broker.remoting.properties_body import CHARSET, parse_properties, properties_to_text
 from broker.remoting.transport import RemotingError
 from broker.store.config_files import SubscriptionGroupConfig
+from broker.store.message_id import decode_offset_msg_id
+from broker.store.topics import retry_topic
 
 log = logging.getLogger(__name__)
+
+RELAYED_TIMEOUT_S = 15.0  # the broker gives a client 10 s (callClient) before it answers us
 
 
 class Admin:
@@ -288,3 +305,109 @@ class Admin:
         resp = self._invoke(broker_addr, RemotingCommand.request(RequestCode.QUERY_CONSUME_TIME_SPAN, header.to_ext()),
                             f"consume time span {group} {topic}")
         return QueryConsumeTimeSpanBody.decode(resp.body).consume_time_span_set
+
+    # ---- connected clients -------------------------------------------------------------------------
+    def _group_broker(self, group: str) -> str:
+        """A master serving the group's retry topic: every broker a consumer of the group talks to has
+        it (mqadmin's ``examineConsumerConnectionInfo`` asks one broker of that route the same way)."""
+        masters = self.route_masters(retry_topic(group))
+        if not masters:
+            raise MQClientError(f"no master broker serves consumer group {group!r}")
+        return masters[sorted(masters)[0]]
+
+    def consumer_connection(self, group: str, broker_addr: str | None = None) -> ConsumerConnection:
+        """GET_CONSUMER_CONNECTION_LIST: the group's connected clients and subscriptions."""
+        addr = broker_addr or self._group_broker(group)
+        resp = self._invoke(addr, RemotingCommand.request(
+            RequestCode.GET_CONSUMER_CONNECTION_LIST,
+            GetConsumerConnectionListRequestHeader(consumer_group=group).to_ext()), f"consumer connection {group}")
+        return ConsumerConnection.decode(resp.body)
+
+    def producer_connection(self, group: str, topic: str) -> ProducerConnection:
+        """GET_PRODUCER_CONNECTION_LIST on the first master of ``topic``'s route (as mqadmin)."""
+        masters = self.route_masters(topic)
+        if not masters:
+            raise MQClientError(f"no master broker serves topic {topic!r}")
+        addr = masters[sorted(masters)[0]]
+        resp = self._invoke(addr, RemotingCommand.request(
+            RequestCode.GET_PRODUCER_CONNECTION_LIST,
+            GetProducerConnectionListRequestHeader(producer_group=group).to_ext()), f"producer connection {group}")
+        return ProducerConnection.decode(resp.body)
+
+    def consumer_running_info(self, group: str, client_id: str, jstack: bool = False,
+                              broker_addr: str | None = None) -> ConsumerRunningInfo:
+        """GET_CONSUMER_RUNNING_INFO: the broker asks the client and relays its answer."""
+        addr = broker_addr or self._group_broker(group)
+        ext = GetConsumerRunningInfoRequestHeader(consumer_group=group, client_id=client_id,
+                                                  jstack_enable=jstack).to_ext()
+        resp = self._invoke_long(addr, RemotingCommand.request(RequestCode.GET_CONSUMER_RUNNING_INFO, ext),
+                                 f"consumer running info {group} {client_id}")
+        return ConsumerRunningInfo.decode(resp.body)
+
+    def consume_message_directly(self, group: str, client_id: str, offset_msg_id: str) -> ConsumeMessageDirectlyResult:
+        """CONSUME_MESSAGE_DIRECTLY to the broker that stored the message (its address is in the
+        offset message id): that broker reads the message and has the client's listener consume it."""
+        try:
+            store_host = decode_offset_msg_id(offset_msg_id).store_host
+        except ValueError as exc:
+            raise MQClientError(f"{offset_msg_id!r} is not an offset message id: {exc}") from None
+        ext = ConsumeMessageDirectlyResultRequestHeader(consumer_group=group, client_id=client_id,
+                                                        msg_id=offset_msg_id).to_ext()
+        resp = self._invoke_long(str(store_host), RemotingCommand.request(RequestCode.CONSUME_MESSAGE_DIRECTLY, ext),
+                                 f"consume message directly {offset_msg_id}")
+        return ConsumeMessageDirectlyResult.decode(resp.body)
+
+    def reset_offset_by_time(self, group: str, topic: str, timestamp: int, force: bool = True) -> dict[MessageQueue, int]:
+        """INVOKE_BROKER_TO_RESET_OFFSET on every master of ``topic``: the brokers tell the online
+        clients of ``group`` where to go on from. MQClientError with code CONSUMER_NOT_ONLINE when
+        the group is offline (then :meth:`reset_offset_by_time_offline` is the way, as in mqadmin)."""
+        ext = ResetOffsetRequestHeader(group=group, topic=topic, timestamp=timestamp, is_force=force).to_ext()
+        table: dict[MessageQueue, int] = {}
+        for addr in self.route_masters(topic).values():
+            resp = self._invoke(addr, RemotingCommand.request(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, ext),
+                                f"reset offset of {group} on {topic}")
+            table.update(ResetOffsetBody.decode(resp.body).offset_table)
+        return table
+
+    def reset_offset_by_time_offline(self, group: str, topic: str, timestamp: int,
+                                     force: bool = True) -> dict[MessageQueue, int]:
+        """mqadmin's fallback for an offline group: per queue, the offset for the time (the max
+        offset for -1) is committed with UPDATE_CONSUMER_OFFSET when ``force`` or when it is not
+        beyond the group's committed offset; returns the offsets committed."""
+        done: dict[MessageQueue, int] = {}
+        for addr in self.route_masters(topic).values():
+            stats = self.consumer_progress(addr, group, topic)
+            for mq, wrapper in sorted(stats.offset_table.items()):
+                if timestamp == -1:
+                    code, ext = RequestCode.GET_MAX_OFFSET, {"topic": mq.topic, "queueId": mq.queue_id}
+                else:
+                    code, ext = RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {"topic": mq.topic, "queueId": mq.queue_id,
+                                                                         "timestamp": timestamp}
+                offset = int(self._invoke(addr, RemotingCommand.request(code, ext),
+                                          f"offset of {mq}").ext_fields.get("offset", 0))
+                if force or offset <= wrapper.consumer_offset:
+                    self._invoke(addr, RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
+                        "consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": offset}),
+                        f"commit offset of {mq}")
+                    done[mq] = offset
+        return done
+
+    def consumer_status(self, group: str, topic: str, client_id: str = "") -> dict[str, dict[MessageQueue, int]]:
+        """INVOKE_BROKER_TO_GET_CONSUMER_STATUS on every master of ``topic``: client id -> the
+        offsets it holds in memory (blank ``client_id`` = every client of the group)."""
+        ext = GetConsumerStatusRequestHeader(topic=topic, group=group, client_addr=client_id or None).to_ext()
+        table: dict[str, dict[MessageQueue, int]] = {}
+        for addr in self.route_masters(topic).values():
+            resp = self._invoke_long(addr, RemotingCommand.request(RequestCode.INVOKE_BROKER_TO_GET_CONSUMER_STATUS,
+                                                                   ext), f"consumer status of {group}")
+            for cid, offsets in GetConsumerStatusBody.decode(resp.body).consumer_table.items():
+                table.setdefault(cid, {}).update(offsets)
+        return table
+
+    def _invoke_long(self, addr: str, cmd: RemotingCommand, what: str) -> RemotingCommand:
+        """A request the broker relays to a client: wait for the broker's own client timeout too."""
+        try:
+            resp = self.client.invoke(addr, cmd, RELAYED_TIMEOUT_S)
+        except (RemotingError, OSError, TimeoutError) as exc:
+            raise MQClientError(f"{what} failed: broker {addr} did not answer ({exc or type(exc).__name__})") from None
+        return self._ok(resp, f"{what} on {addr}")

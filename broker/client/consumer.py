@@ -14,19 +14,31 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
+from broker.client.broker_requests import register_broker_requests
+from broker.client.consume_stats import ConsumeStatsRecorder
 from broker.client.instance import ClientLifecycle, MQClientError
 from broker.remoting.bodies import (
     CheckClientRequestBody,
+    PROP_CLIENT_VERSION,
+    PROP_CONSUME_ORDERLY,
+    PROP_CONSUME_TYPE,
+    PROP_CONSUMER_START_TIMESTAMP,
+    PROP_NAMESERVER_ADDR,
+    PROP_THREADPOOL_CORE_SIZE,
+    CMResult,
     ConsumeFromWhere,
+    ConsumeMessageDirectlyResult,
     ConsumerData,
+    ConsumerRunningInfo,
     ConsumeType,
     ConsumerIdList,
     HeartbeatData,
     MessageModel,
     MessageQueue,
+    ProcessQueueInfo,
     SubscriptionData,
 )
-from broker.remoting.codes import ExpressionType, PullSysFlag, RequestCode, ResponseCode
+from broker.remoting.codes import DEFAULT_VERSION, ExpressionType, PullSysFlag, RequestCode, ResponseCode, version_desc
 from broker.remoting.command import RemotingCommand
 from broker.store.message import MessageRecord, RecordError, decode_record
 from broker.store.topics import retry_topic
@@ -198,15 +210,20 @@ class PushConsumer(PullConsumer):
         self._lock = threading.Lock()
         self._threads: dict[MessageQueue, threading.Thread] = {}
         self._assigned: set[MessageQueue] = set()
+        self._resets: dict[MessageQueue, int] = {}  # RESET_CONSUMER_CLIENT_OFFSET not yet taken by a pull loop
+        self._queue_times: dict[MessageQueue, list[int]] = {}  # [last pull ms, last consume ms]
+        self.stats = ConsumeStatsRecorder()
+        self.start_timestamp = 0
+        self.subscriptions = [SubscriptionData(retry_topic(self.group), "*"),
+                              SubscriptionData(self.topic, self.expression, int(time.time() * 1000),
+                                               sorted(_tags_filter(self.expression) or [])
+                                               if self.expression_type == ExpressionType.TAG else [],
+                                               expression_type=self.expression_type)]
 
     def _heartbeat(self) -> None:
-        subs = [SubscriptionData(retry_topic(self.group), "*"),
-                SubscriptionData(self.topic, self.expression, int(time.time() * 1000),
-                                 sorted(_tags_filter(self.expression) or [])
-                                 if self.expression_type == ExpressionType.TAG else [],
-                                 expression_type=self.expression_type)]
         data = HeartbeatData(self.client.client_id, consumers=[ConsumerData(
-            self.group, ConsumeType.CONSUME_PASSIVELY, MessageModel.CLUSTERING, self.consume_from, subs)])
+            self.group, ConsumeType.CONSUME_PASSIVELY, MessageModel.CLUSTERING, self.consume_from,
+            self.subscriptions)])
         for addr in self.client.known_brokers().values():
             try:
                 self.client.invoke(addr, RemotingCommand.request(RequestCode.HEART_BEAT, body=data.encode()))
@@ -243,15 +260,23 @@ class PushConsumer(PullConsumer):
             return 0
         return self.max_offset(mq)
 
+    def _take_reset(self, mq: MessageQueue) -> int | None:
+        with self._lock:
+            return self._resets.pop(mq, None)
+
     def _pull_loop(self, mq: MessageQueue) -> None:
         offset = None
         while not self._stop.is_set():
             with self._lock:
                 if mq not in self._assigned:
                     return
+            reset = self._take_reset(mq)
+            if reset is not None:
+                offset = reset
             try:
                 if offset is None:
                     offset = self._start_offset(mq)
+                began = time.monotonic()
                 if mq.topic.startswith("%RETRY%"):  # the broker applies the topic's SQL92 selector to retries
                     result = self.pull(mq, offset, 32, "*", suspend_ms=2_000)
                 else:
@@ -260,18 +285,83 @@ class PushConsumer(PullConsumer):
                 log.info("pull %s failed: %s", mq, exc)
                 self._stop.wait(1.0)
                 continue
+            self.stats.pulled(mq.topic, len(result.messages), (time.monotonic() - began) * 1000)
+            self._queue_times.setdefault(mq, [0, 0])[0] = int(time.time() * 1000)
+            reset = None
             for msg in result.messages:
-                try:
-                    self.listener(msg)
-                except Exception as exc:  # RECONSUME_LATER: the broker redelivers through %RETRY%
-                    log.info("listener failed for %s: %s; sending back", msg.offset_msg_id, exc)
-                    try:
-                        self.send_back(msg)
-                    except Exception as back_exc:
-                        log.warning("send back failed: %s", back_exc)
-            offset = result.next_begin_offset
+                reset = self._take_reset(mq)
+                if reset is not None:  # the offset was reset meanwhile: what is left of this batch is stale
+                    break
+                self._consume(mq, msg)
+            offset = reset if reset is not None else result.next_begin_offset
             with self._lock:
+                if mq in self._resets:  # a reset that arrived after the last message wins over the pull
+                    offset = self._resets.pop(mq)
                 self._offsets[mq] = offset
+
+    def _consume(self, mq: MessageQueue, msg: MessageRecord) -> None:
+        began = time.monotonic()
+        try:
+            self.listener(msg)
+            ok = True
+        except Exception as exc:  # RECONSUME_LATER: the broker redelivers through %RETRY%
+            ok = False
+            log.info("listener failed for %s: %s; sending back", msg.offset_msg_id, exc)
+            try:
+                self.send_back(msg)
+            except Exception as back_exc:
+                log.warning("send back failed: %s", back_exc)
+        self.stats.consumed(mq.topic, ok, (time.monotonic() - began) * 1000)
+        self._queue_times.setdefault(mq, [0, 0])[1] = int(time.time() * 1000)
+
+    def reset_offsets(self, topic: str, offsets: dict[MessageQueue, int]) -> None:
+        """RESET_CONSUMER_CLIENT_OFFSET: assigned queues of ``topic`` go on from the given offsets
+        (a batch being consumed is abandoned after its current message), and those offsets are
+        the ones the next commit sends."""
+        with self._lock:
+            for mq, offset in offsets.items():
+                if mq.topic == topic and mq in self._assigned:
+                    self._resets[mq] = offset
+                    self._offsets[mq] = offset
+
+    def consumer_offsets(self, topic: str) -> dict[MessageQueue, int]:
+        """The in-memory offsets of ``topic``'s queues (GET_CONSUMER_STATUS_FROM_CLIENT)."""
+        with self._lock:
+            return {mq: offset for mq, offset in self._offsets.items() if mq.topic == topic}
+
+    def running_info(self) -> ConsumerRunningInfo:
+        """What GET_CONSUMER_RUNNING_INFO reports (Java's ``consumerRunningInfo``)."""
+        with self._lock:
+            assigned = sorted(self._assigned)
+            offsets = dict(self._offsets)
+        mq_table = {}
+        for mq in assigned:
+            last_pull, last_consume = self._queue_times.get(mq, [0, 0])
+            mq_table[mq] = ProcessQueueInfo(commit_offset=offsets.get(mq, -1), last_pull_timestamp=last_pull,
+                                            last_consume_timestamp=last_consume)
+        properties = {
+            "consumerGroup": self.group, "messageModel": MessageModel.CLUSTERING.name,
+            "consumeFromWhere": ConsumeFromWhere(self.consume_from).name, "namesrvAddr": self.namesrv_addr,
+            "instanceName": self.instance_name, "clientIP": self.client.client_id.split("@", 1)[0],
+            "pullBatchSize": "32", "consumeMessageBatchMaxSize": "1", "unitMode": "false",
+            PROP_CONSUME_ORDERLY: "false", PROP_THREADPOOL_CORE_SIZE: "1",
+            PROP_CONSUMER_START_TIMESTAMP: str(self.start_timestamp),
+            PROP_NAMESERVER_ADDR: ";".join(self.client.namesrv_addrs),
+            PROP_CONSUME_TYPE: ConsumeType.CONSUME_PASSIVELY.name,
+            PROP_CLIENT_VERSION: version_desc(DEFAULT_VERSION)}
+        return ConsumerRunningInfo(properties=properties, subscription_set=list(self.subscriptions), mq_table=mq_table,
+                                   status_table={s.topic: self.stats.status(s.topic) for s in self.subscriptions})
+
+    def consume_directly(self, msg: MessageRecord) -> ConsumeMessageDirectlyResult:
+        """CONSUME_MESSAGE_DIRECTLY: run the listener on one message, outside the pull loops."""
+        began = time.monotonic()
+        try:
+            self.listener(msg)
+            result = ConsumeMessageDirectlyResult(CMResult.CR_SUCCESS)
+        except Exception as exc:
+            result = ConsumeMessageDirectlyResult(CMResult.CR_THROW_EXCEPTION, remark=f"{type(exc).__name__}: {exc}")
+        result.spent_time_mills = int((time.monotonic() - began) * 1000)
+        return result
 
     def _commit_all(self) -> None:
         with self._lock:
@@ -294,8 +384,10 @@ class PushConsumer(PullConsumer):
 
     def start(self) -> "PushConsumer":
         super().start()
+        self.start_timestamp = int(time.time() * 1000)
         self.client.request_handlers[RequestCode.NOTIFY_CONSUMER_IDS_CHANGED] = \
             lambda cmd: threading.Thread(target=self._rebalance, daemon=True).start()
+        register_broker_requests(self)
         self.client.route(self.topic, refresh=True)
         self.client.route(retry_topic(self.group), refresh=True)
         try:

@@ -14,11 +14,12 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Callable
 
 from broker.remoting.bodies import MessageQueue, TopicRouteData
 from broker.remoting.codes import PermName, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.remoting.transport import RemotingClient
+from broker.remoting.transport import RemotingClient, UnsupportedRequest
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +81,19 @@ class ClientInstance:
         self._routes: dict[str, TopicRoute] = {}
         self._routes_lock = threading.Lock()
         self._ns_index = 0
-        self.request_handlers: dict[int, callable] = {}
+        # code -> handler(cmd) for requests a broker sends us (Java's ClientRemotingProcessor); a handler
+        # returns the response (None: plain SUCCESS) and runs on a worker thread, so a listener that
+        # takes its time (CONSUME_MESSAGE_DIRECTLY) never holds up the event loop
+        self.request_handlers: dict[int, Callable[[RemotingCommand], RemotingCommand | None]] = {}
 
     async def _on_request(self, cmd: RemotingCommand, conn) -> RemotingCommand | None:
         handler = self.request_handlers.get(cmd.code)
-        if handler is not None:
-            handler(cmd)
-        return None if cmd.is_oneway else cmd.response(ResponseCode.SUCCESS)
+        if handler is None:
+            raise UnsupportedRequest(cmd.code)
+        response = await asyncio.get_running_loop().run_in_executor(None, handler, cmd)
+        if cmd.is_oneway:
+            return None
+        return response if response is not None else cmd.response(ResponseCode.SUCCESS)
 
     # ---- requests ----------------------------------------------------------------------------------
     def invoke_future(self, addr: str, cmd: RemotingCommand, timeout: float | None = None) -> Future:

@@ -1098,3 +1098,315 @@ class QueryConsumeTimeSpanBody:
         data = _root(body, "consume time span")
         spans = _array(data.get("consumeTimeSpanSet"), "consumeTimeSpanSet")
         return cls([QueueTimeSpan.from_json(s, f"consumeTimeSpanSet[{i}]") for i, s in enumerate(spans)])
+
+
+# =====================================================================================================
+# Connected clients (GET_CONSUMER_CONNECTION_LIST, GET_PRODUCER_CONNECTION_LIST)
+# =====================================================================================================
+@dataclass(frozen=True)
+class Connection:
+    """One client connection as the broker knows it; ``language`` is a LanguageCode name."""
+
+    client_id: str
+    client_addr: str
+    language: str
+    version: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"clientAddr": self.client_addr, "clientId": self.client_id, "language": self.language,
+                "version": self.version}
+
+    @classmethod
+    def from_json(cls, data: Any, what: str = "connection") -> Connection:
+        data = _object(data, what)
+        language = data.get("language")
+        return cls(client_id=_str(data.get("clientId"), f"{what}.clientId", ""),
+                   client_addr=_str(data.get("clientAddr"), f"{what}.clientAddr", ""),
+                   language=str(language) if language is not None else "",
+                   version=_int(data.get("version"), f"{what}.version", 0))
+
+
+def _connections(value: Any, what: str) -> list[Connection]:
+    return [Connection.from_json(c, f"{what}[{i}]") for i, c in enumerate(_array(value, what))]
+
+
+@dataclass
+class ConsumerConnection:
+    """GET_CONSUMER_CONNECTION_LIST response: who is connected and what the group subscribes to."""
+
+    connection_set: list[Connection] = field(default_factory=list)
+    subscription_table: dict[str, SubscriptionData] = field(default_factory=dict)
+    consume_type: ConsumeType = ConsumeType.CONSUME_PASSIVELY
+    message_model: MessageModel = MessageModel.CLUSTERING
+    consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
+
+    def to_json(self) -> dict[str, Any]:
+        return {"connectionSet": [c.to_json() for c in self.connection_set],
+                "consumeFromWhere": ConsumeFromWhere(self.consume_from_where).name,
+                "consumeType": ConsumeType(self.consume_type).name,
+                "messageModel": MessageModel(self.message_model).name,
+                "subscriptionTable": {t: self.subscription_table[t].to_json() for t in sorted(self.subscription_table)}}
+
+    def encode(self) -> bytes:
+        return dumps_json(self.to_json())
+
+    @classmethod
+    def decode(cls, body: bytes | str) -> ConsumerConnection:
+        data = _root(body, "consumer connection")
+        subs = _object(data.get("subscriptionTable"), "subscriptionTable")
+        return cls(
+            connection_set=_connections(data.get("connectionSet"), "connectionSet"),
+            subscription_table={str(t): SubscriptionData.from_json(s, f"subscriptionTable[{t}]")
+                                for t, s in subs.items()},
+            consume_type=_enum(ConsumeType, data.get("consumeType"), "consumeType", ConsumeType.CONSUME_PASSIVELY),
+            message_model=_enum(MessageModel, data.get("messageModel"), "messageModel", MessageModel.CLUSTERING),
+            consume_from_where=_enum(ConsumeFromWhere, data.get("consumeFromWhere"), "consumeFromWhere",
+                                     ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET))
+
+
+@dataclass
+class ProducerConnection:
+    """GET_PRODUCER_CONNECTION_LIST response."""
+
+    connection_set: list[Connection] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        return dumps_json({"connectionSet": [c.to_json() for c in self.connection_set]})
+
+    @classmethod
+    def decode(cls, body: bytes | str) -> ProducerConnection:
+        return cls(_connections(_root(body, "producer connection").get("connectionSet"), "connectionSet"))
+
+
+# =====================================================================================================
+# Offsets the broker hands to clients (INVOKE_BROKER_TO_RESET_OFFSET, GET_CONSUMER_STATUS)
+# =====================================================================================================
+def _mq_offsets(value: Any, what: str) -> dict[MessageQueue, int]:
+    """A fastjson ``Map<MessageQueue, Long>`` (object keys) → {queue: offset}."""
+    result: dict[MessageQueue, int] = {}
+    for key, item in _object(value, what).items():
+        if isinstance(key, FrozenObject):
+            mq = MessageQueue.from_json(key, f"{what} key")
+        elif isinstance(key, str) and key.lstrip().startswith("{"):
+            mq = MessageQueue.from_json(loads_lenient(key, f"{what} key"), f"{what} key")
+        else:
+            raise BodyError(f"{what}: key {key!r:.60} is not a message queue object")
+        result[mq] = _int(item, f"{what}[{mq}]")
+    return result
+
+
+def _mq_offsets_json(table: Mapping[MessageQueue, int]) -> dict[MessageQueue, int]:
+    return {mq: int(table[mq]) for mq in sorted(table)}
+
+
+@dataclass
+class ResetOffsetBody:
+    """RESET_CONSUMER_CLIENT_OFFSET request and INVOKE_BROKER_TO_RESET_OFFSET response body."""
+
+    offset_table: dict[MessageQueue, int] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return dumps_fastjson_compact({"offsetTable": _mq_offsets_json(self.offset_table)}).encode("utf-8")
+
+    @classmethod
+    def decode(cls, body: bytes | str) -> ResetOffsetBody:
+        return cls(_mq_offsets(_root(body, "reset offset body").get("offsetTable"), "offsetTable"))
+
+
+@dataclass
+class GetConsumerStatusBody:
+    """GET_CONSUMER_STATUS_FROM_CLIENT response (``messageQueueTable``, one client's offsets) and
+    INVOKE_BROKER_TO_GET_CONSUMER_STATUS response (``consumerTable``: client id → offsets)."""
+
+    message_queue_table: dict[MessageQueue, int] = field(default_factory=dict)
+    consumer_table: dict[str, dict[MessageQueue, int]] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return dumps_fastjson_compact({
+            "consumerTable": {cid: _mq_offsets_json(self.consumer_table[cid]) for cid in sorted(self.consumer_table)},
+            "messageQueueTable": _mq_offsets_json(self.message_queue_table)}).encode("utf-8")
+
+    @classmethod
+    def decode(cls, body: bytes | str) -> GetConsumerStatusBody:
+        data = _root(body, "consumer status body")
+        return cls(_mq_offsets(data.get("messageQueueTable"), "messageQueueTable"),
+                   {str(cid): _mq_offsets(t, f"consumerTable[{cid}]")
+                    for cid, t in _object(data.get("consumerTable"), "consumerTable").items()})
+
+
+# =====================================================================================================
+# What a consumer answers about itself (GET_CONSUMER_RUNNING_INFO, CONSUME_MESSAGE_DIRECTLY)
+# =====================================================================================================
+# ConsumerRunningInfo property names (Java's ConsumerRunningInfo.PROP_* constants)
+PROP_NAMESERVER_ADDR = "PROP_NAMESERVER_ADDR"
+PROP_THREADPOOL_CORE_SIZE = "PROP_THREADPOOL_CORE_SIZE"
+PROP_CONSUME_ORDERLY = "PROP_CONSUMEORDERLY"
+PROP_CONSUME_TYPE = "PROP_CONSUME_TYPE"
+PROP_CLIENT_VERSION = "PROP_CLIENT_VERSION"
+PROP_CONSUMER_START_TIMESTAMP = "PROP_CONSUMER_START_TIMESTAMP"
+
+
+@dataclass
+class ProcessQueueInfo:
+    """One assigned queue of a consumer; ``droped`` is Java's spelling."""
+
+    commit_offset: int = -1
+    cached_msg_min_offset: int = 0
+    cached_msg_max_offset: int = 0
+    cached_msg_count: int = 0
+    cached_msg_size_in_mib: int = 0
+    transaction_msg_min_offset: int = 0
+    transaction_msg_max_offset: int = 0
+    transaction_msg_count: int = 0
+    locked: bool = False
+    try_unlock_times: int = 0
+    last_lock_timestamp: int = 0
+    droped: bool = False
+    last_pull_timestamp: int = 0
+    last_consume_timestamp: int = 0
+
+    _WIRE = (("cachedMsgCount", "cached_msg_count"), ("cachedMsgMaxOffset", "cached_msg_max_offset"),
+             ("cachedMsgMinOffset", "cached_msg_min_offset"), ("cachedMsgSizeInMiB", "cached_msg_size_in_mib"),
+             ("commitOffset", "commit_offset"), ("droped", "droped"), ("lastConsumeTimestamp", "last_consume_timestamp"),
+             ("lastLockTimestamp", "last_lock_timestamp"), ("lastPullTimestamp", "last_pull_timestamp"),
+             ("locked", "locked"), ("transactionMsgCount", "transaction_msg_count"),
+             ("transactionMsgMaxOffset", "transaction_msg_max_offset"),
+             ("transactionMsgMinOffset", "transaction_msg_min_offset"), ("tryUnlockTimes", "try_unlock_times"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {wire: getattr(self, name) for wire, name in self._WIRE}
+
+    @classmethod
+    def from_json(cls, data: Mapping[Any, Any], what: str = "processQueueInfo") -> ProcessQueueInfo:
+        values: dict[str, Any] = {}
+        for wire, name in cls._WIRE:
+            raw = data.get(wire)
+            if raw is None:
+                continue
+            if name in ("locked", "droped"):
+                values[name] = _bool(raw, f"{what}.{wire}")
+            else:
+                number = _int(raw, f"{what}.{wire}")
+                values[name] = number - (1 << 64) if number >= 1 << 63 else number  # C++ prints -1 unsigned
+        return cls(**values)
+
+
+@dataclass
+class ConsumeStatus:
+    """Per-topic consumption rates of one client (the last minute; failures in the last hour)."""
+
+    pull_rt: float = 0.0
+    pull_tps: float = 0.0
+    consume_rt: float = 0.0
+    consume_ok_tps: float = 0.0
+    consume_failed_tps: float = 0.0
+    consume_failed_msgs: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"consumeFailedMsgs": self.consume_failed_msgs, "consumeFailedTPS": float(self.consume_failed_tps),
+                "consumeOKTPS": float(self.consume_ok_tps), "consumeRT": float(self.consume_rt),
+                "pullRT": float(self.pull_rt), "pullTPS": float(self.pull_tps)}
+
+    @classmethod
+    def from_json(cls, data: Any, what: str = "consumeStatus") -> ConsumeStatus:
+        data = _object(data, what)
+        return cls(pull_rt=_float(data.get("pullRT"), f"{what}.pullRT"),
+                   pull_tps=_float(data.get("pullTPS"), f"{what}.pullTPS"),
+                   consume_rt=_float(data.get("consumeRT"), f"{what}.consumeRT"),
+                   consume_ok_tps=_float(data.get("consumeOKTPS"), f"{what}.consumeOKTPS"),
+                   consume_failed_tps=_float(data.get("consumeFailedTPS"), f"{what}.consumeFailedTPS"),
+                   consume_failed_msgs=_int(data.get("consumeFailedMsgs"), f"{what}.consumeFailedMsgs", 0))
+
+
+@dataclass
+class ConsumerRunningInfo:
+    """GET_CONSUMER_RUNNING_INFO response, written by the client (fastjson: queue objects as keys)."""
+
+    properties: dict[str, str] = field(default_factory=dict)
+    subscription_set: list[SubscriptionData] = field(default_factory=list)
+    mq_table: dict[MessageQueue, ProcessQueueInfo] = field(default_factory=dict)
+    status_table: dict[str, ConsumeStatus] = field(default_factory=dict)
+    jstack: str | None = None  # only when the request asked for it (jstackEnable)
+
+    def encode(self) -> bytes:
+        return dumps_fastjson_compact({
+            "jstack": self.jstack,
+            "mqTable": {mq: self.mq_table[mq].to_json() for mq in sorted(self.mq_table)},
+            "properties": {k: str(self.properties[k]) for k in sorted(self.properties)},
+            "statusTable": {t: self.status_table[t].to_json() for t in sorted(self.status_table)},
+            "subscriptionSet": [s.to_json() for s in sorted(self.subscription_set,
+                                                            key=lambda s: (s.topic, s.sub_string))],
+        }).encode("utf-8")
+
+    @classmethod
+    def decode(cls, body: bytes | str) -> ConsumerRunningInfo:
+        data = _root(body, "consumer running info")
+        jstack = data.get("jstack")
+        return cls(
+            properties={str(k): str(v) for k, v in _object(data.get("properties"), "properties").items()},
+            subscription_set=[SubscriptionData.from_json(s, f"subscriptionSet[{i}]")
+                              for i, s in enumerate(_array(data.get("subscriptionSet"), "subscriptionSet"))],
+            mq_table={mq: ProcessQueueInfo.from_json(v, f"mqTable[{mq}]")
+                      for mq, v in _mq_keyed(data.get("mqTable"), "mqTable").items()},
+            status_table={str(t): ConsumeStatus.from_json(v, f"statusTable[{t}]")
+                          for t, v in _object(data.get("statusTable"), "statusTable").items()},
+            jstack=None if jstack is None else str(jstack))
+
+
+class CMResult(IntEnum):
+    """Outcome of CONSUME_MESSAGE_DIRECTLY (Java's ``CMResult``, written by name)."""
+
+    CR_SUCCESS = 0
+    CR_LATER = 1
+    CR_ROLLBACK = 2
+    CR_COMMIT = 3
+    CR_THROW_EXCEPTION = 4
+    CR_RETURN_NULL = 5
+
+
+@dataclass
+class ConsumeMessageDirectlyResult:
+    """CONSUME_MESSAGE_DIRECTLY response: how the client's listener handled the message."""
+
+    consume_result: CMResult = CMResult.CR_SUCCESS
+    order: bool = False
+    auto_commit: bool = True
+    remark: str | None = None
+    spent_time_mills: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return _bean({"autoCommit": self.auto_commit, "consumeResult": CMResult(self.consume_result).name,
+                      "order": self.order, "remark": self.remark, "spentTimeMills": self.spent_time_mills})
+
+    def encode(self) -> bytes:
+        return dumps_json(self.to_json())
+
+    @classmethod
+    def decode(cls, body: bytes | str) -> ConsumeMessageDirectlyResult:
+        data = _root(body, "consume message directly result")
+        remark = data.get("remark")
+        return cls(consume_result=_enum(CMResult, data.get("consumeResult"), "consumeResult", CMResult.CR_SUCCESS),
+                   order=_bool(data.get("order"), "order"),
+                   auto_commit=_bool(data.get("autoCommit"), "autoCommit", True),
+                   remark=None if remark is None else str(remark),
+                   spent_time_mills=_int(data.get("spentTimeMills"), "spentTimeMills", 0))
+
+
+@dataclass
+class ResetOffsetBodyForC:
+    """RESET_CONSUMER_CLIENT_OFFSET body for the C++ client: a list of ``MessageQueueForC``
+    (queue fields plus ``offset``), which Apache sends when the admin request came from C++."""
+
+    offset_table: dict[MessageQueue, int] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return dumps_json({"offsetTable": [{**mq.to_json(), "offset": int(self.offset_table[mq])}
+                                           for mq in sorted(self.offset_table)]})
+
+    @classmethod
+    def decode(cls, body: bytes | str) -> ResetOffsetBodyForC:
+        table: dict[MessageQueue, int] = {}
+        for i, item in enumerate(_array(_root(body, "reset offset body").get("offsetTable"), "offsetTable")):
+            table[MessageQueue.from_json(item, f"offsetTable[{i}]")] = _int(_object(item, f"offsetTable[{i}]")
+                                                                            .get("offset"), f"offsetTable[{i}].offset")
+        return cls(table)

@@ -233,7 +233,9 @@ def is_inherited(perm: int) -> bool:
 class Version(IntEnum):
     """Ordinals of Java's ``MQVersion.Version`` that change server behaviour (section 2)."""
 
+    V3_0_7_SNAPSHOT = 28  # clients at or above take RESET_CONSUMER_CLIENT_OFFSET and GET_CONSUMER_STATUS
     V3_0_11 = 37  # REGISTER_BROKER body becomes RegisterBrokerBody (with filter servers)
+    V3_1_8_SNAPSHOT = 62  # clients at or above answer GET_CONSUMER_RUNNING_INFO / CONSUME_MESSAGE_DIRECTLY
     V3_1_8 = 63  # what the C++ client in the rocketmq==0.4.4 wheel sends
     V3_4_9 = 121  # threshold for honouring a send-back's maxReconsumeTimes
     V4_9_4 = 401  # threshold for the name server answering routes in standard JSON
@@ -252,6 +254,14 @@ def request_code_name(code: int) -> str:
         return f"{RequestCode(code).name}({code})"
     except ValueError:
         return str(code)
+
+
+def version_desc(version: int) -> str:
+    """Java's ``MQVersion.getVersionDesc`` for the versions named here; others print their number."""
+    try:
+        return Version(version).name
+    except ValueError:
+        return str(version)
 
 
 def response_code_name(code: int) -> str:

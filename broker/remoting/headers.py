@@ -36,6 +36,8 @@ __all__ = [
     "UnregisterClientRequestHeader", "CreateTopicRequestHeader", "GetConsumeStatsRequestHeader",
     "GetTopicStatsInfoRequestHeader", "EndTransactionRequestHeader", "NotifyConsumerIdsChangedRequestHeader",
     "GetConsumerRunningInfoRequestHeader", "ResetOffsetRequestHeader",
+    "GetConsumerConnectionListRequestHeader", "GetProducerConnectionListRequestHeader",
+    "ConsumeMessageDirectlyResultRequestHeader", "GetConsumerStatusRequestHeader",
     "RegisterBrokerRequestHeader", "RegisterBrokerResponseHeader", "UnRegisterBrokerRequestHeader",
     "QueryDataVersionRequestHeader", "QueryDataVersionResponseHeader", "GetRouteInfoRequestHeader",
     "GetTopicsByClusterRequestHeader", "PutKVConfigRequestHeader", "GetKVConfigRequestHeader",
@@ -513,6 +515,45 @@ class ResetOffsetRequestHeader(RequestHeader):
     offset: int | None = _f("offset", "long")
     timestamp: int = _f("timestamp", "long", required=True)
     is_force: bool = _f("isForce", "bool", required=True)
+
+
+@_header
+class GetConsumerConnectionListRequestHeader(RequestHeader):
+    CODES = (RequestCode.GET_CONSUMER_CONNECTION_LIST,)
+
+    consumer_group: str = _f("consumerGroup", required=True)
+
+
+@_header
+class GetProducerConnectionListRequestHeader(RequestHeader):
+    CODES = (RequestCode.GET_PRODUCER_CONNECTION_LIST,)
+
+    producer_group: str = _f("producerGroup", required=True)
+
+
+@_header
+class ConsumeMessageDirectlyResultRequestHeader(RequestHeader):
+    """CONSUME_MESSAGE_DIRECTLY from an admin (``msgId`` = offset message id) and as forwarded to the
+    client (the broker adds ``brokerName``)."""
+
+    CODES = (RequestCode.CONSUME_MESSAGE_DIRECTLY,)
+
+    consumer_group: str = _f("consumerGroup", required=True)
+    client_id: str | None = _f("clientId")
+    msg_id: str | None = _f("msgId")
+    broker_name: str | None = _f("brokerName")
+
+
+@_header
+class GetConsumerStatusRequestHeader(RequestHeader):
+    """INVOKE_BROKER_TO_GET_CONSUMER_STATUS (``clientAddr`` holds a client id: blank = every client)
+    and GET_CONSUMER_STATUS_FROM_CLIENT."""
+
+    CODES = (RequestCode.INVOKE_BROKER_TO_GET_CONSUMER_STATUS, RequestCode.GET_CONSUMER_STATUS_FROM_CLIENT)
+
+    topic: str = _f("topic", required=True)
+    group: str = _f("group", required=True)
+    client_addr: str | None = _f("clientAddr")
 
 
 # =====================================================================================================

@@ -164,6 +164,7 @@ GIL_SWITCH_INTERVAL_S = 0.0002
 def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: str, ready, log_level: int) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [store] %(name)s: %(message)s")
+    from broker.server.client_calls import IpcClientCaller
     from broker.server.ipc import IpcServer
 
     from broker.server.dispatch_process import ExternalDispatcher
@@ -183,13 +184,15 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
                       config_text=to_properties(settings),
                       enable_property_filter=settings.enable_property_filter)
     server: IpcServer | None = None
+    caller = IpcClientCaller(lambda pid, event: server.send_to(pid, event))
+    core.admin_clients.caller = caller
 
-    def handle(req: Request) -> Reply:
+    def handle(req: Request):
         reply = core.process(req)
         for note in reply.notify:
             server.broadcast(("notify", note.group, note.channels))
         reply.notify = []
-        return reply
+        return reply if reply.deferred is None else reply.deferred  # a Future: answered when a client answers
 
     def on_closed(channel) -> None:
         for note in core.channel_closed(channel):
@@ -199,7 +202,8 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
         return core.send_messages(reqs)
 
     server = IpcServer(socket_path, handle, on_closed, lane=lambda req: req.code in SEND_CODES,
-                       handle_batch=handle_sends)
+                       handle_batch=handle_sends, on_call_reply=caller.on_reply,
+                       on_process_gone=caller.process_gone)
     core.stats.queue_sizes = server.queue_sizes
     growth = _GrowthBatcher(server.broadcast)
     store.add_dispatch_listener(growth.grew)
@@ -287,6 +291,14 @@ class NetworkFrontend:
                     cmd = RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
                                                   {"consumerGroup": group}, oneway=True)
                     asyncio.ensure_future(self._notify(conn, cmd))
+        elif event[0] == "call":  # the store process asks one of our clients something
+            _, call_id, serial, request = event
+            asyncio.ensure_future(self._call_client(call_id, self._conn_ids.get(serial), request))
+
+    async def _call_client(self, call_id: int, conn: Connection | None, request) -> None:
+        from broker.server.client_calls import call_client
+
+        self.link.send_call_reply(call_id, await call_client(conn, request))
 
     async def _notify(self, conn: Connection, cmd: RemotingCommand) -> None:
         try:

@@ -27,6 +27,7 @@ class ClientChannel:
     language: str = ""
     version: int = 0
     last_update: float = 0.0
+    addr: str = ""  # the client's "ip:port" as the broker sees it (Connection.clientAddr)
 
 
 @dataclass
@@ -62,23 +63,24 @@ class ClientRegistry:
         self.producers: dict[str, dict[Channel, ClientChannel]] = {}
 
     # ---- registration ------------------------------------------------------------------------------
-    def heartbeat(self, channel: Channel, data: HeartbeatData, language: str = "", version: int = 0) -> list[Notify]:
+    def heartbeat(self, channel: Channel, data: HeartbeatData, language: str = "", version: int = 0,
+                  addr: str = "") -> list[Notify]:
         """Register every producer and consumer of a heartbeat; returns rebalance notifications."""
         now = self._clock()
         notes: list[Notify] = []
         with self._lock:
             for p in data.producers:
                 self.producers.setdefault(p.group_name, {})[channel] = ClientChannel(
-                    channel, data.client_id, language, version, now)
+                    channel, data.client_id, language, version, now, addr)
             for c in data.consumers:
-                if self._register_consumer(channel, data.client_id, c, language, version, now):
+                if self._register_consumer(channel, data.client_id, c, language, version, now, addr):
                     info = self.consumers[c.group_name]
                     if info.message_model != int(MessageModel.BROADCASTING):
                         notes.append(Notify(c.group_name, tuple(info.channels)))
         return notes
 
     def _register_consumer(self, channel: Channel, client_id: str, c: ConsumerData, language: str,
-                           version: int, now: float) -> bool:
+                           version: int, now: float, addr: str = "") -> bool:
         info = self.consumers.get(c.group_name)
         if info is None:
             info = self.consumers[c.group_name] = ConsumerGroupInfo(c.group_name)
@@ -87,7 +89,7 @@ class ClientRegistry:
         info.consume_from_where = int(c.consume_from_where)
         changed = channel not in info.channels
         existing = info.channels.get(channel)
-        info.channels[channel] = ClientChannel(channel, client_id, language, version, now)
+        info.channels[channel] = ClientChannel(channel, client_id, language, version, now, addr)
         if existing is not None and existing.client_id != client_id:
             changed = True
         new_subs = {s.topic: s for s in c.subscriptions}
@@ -156,3 +158,32 @@ class ClientRegistry:
     def group_info(self, group: str) -> ConsumerGroupInfo | None:
         with self._lock:
             return self.consumers.get(group)
+
+    def group_snapshot(self, group: str) -> ConsumerGroupInfo | None:
+        """A copy of the group's state that other threads' heartbeats cannot change under the reader."""
+        with self._lock:
+            info = self.consumers.get(group)
+            if info is None:
+                return None
+            return ConsumerGroupInfo(info.group, info.consume_type, info.message_model, info.consume_from_where,
+                                     dict(info.channels), dict(info.subscriptions))
+
+    def consumer_channels(self, group: str) -> list[ClientChannel]:
+        """A snapshot of the group's connections (empty when the group is offline)."""
+        with self._lock:
+            info = self.consumers.get(group)
+            return list(info.channels.values()) if info else []
+
+    def find_consumer(self, group: str, client_id: str) -> ClientChannel | None:
+        """The connection of ``client_id`` in ``group`` (Apache's ``ConsumerManager.findChannel``)."""
+        with self._lock:
+            info = self.consumers.get(group)
+            if info is None:
+                return None
+            return next((c for c in info.channels.values() if c.client_id == client_id), None)
+
+    def producer_channels(self, group: str) -> list[ClientChannel] | None:
+        """The producer group's connections; None when the broker never saw the group."""
+        with self._lock:
+            channels = self.producers.get(group)
+            return None if channels is None else list(channels.values())

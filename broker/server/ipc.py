@@ -2,10 +2,16 @@
 
 Frames are a 4-byte big-endian length and a pickled tuple ``(kind, id, payload)``:
 
-* network → store: ``("req", id, Request)`` and ``("closed", 0, channel)``;
+* network → store: ``("hello", 0, pid)`` once (which network process this link is),
+  ``("req", id, Request)``, ``("closed", 0, channel)`` and ``("callrep", call_id, outcome)``;
 * store → network: ``("rep", id, Reply)`` and ``("event", 0, event)`` where an event is
-  ``("grew", [(topic, queue_id, max_offset), …])`` (for long polling) or
-  ``("notify", group, channels)`` (NOTIFY_CONSUMER_IDS_CHANGED to send).
+  ``("grew", [(topic, queue_id, max_offset), …])`` (for long polling),
+  ``("notify", group, channels)`` (NOTIFY_CONSUMER_IDS_CHANGED to send) or, to one network process
+  only, ``("call", call_id, serial, ClientRequest)`` (a request for one of its client connections,
+  answered by ``callrep``; see :mod:`broker.server.client_calls`).
+
+A handler may answer with a :class:`concurrent.futures.Future` of its reply (a reply that waits for
+a client): the reply frame is sent when the future completes, and no pool thread waits for it.
 
 Only processes of one broker talk over this socket (it lives in a private temporary directory), so
 pickle is safe here.
@@ -21,7 +27,8 @@ import queue
 import socket
 import struct
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 log = logging.getLogger(__name__)
@@ -55,10 +62,15 @@ class IpcServer:
 
     def __init__(self, path: str, handle: Callable[[Any], Any], on_closed: Callable[[Any], None],
                  workers: int = 16, *, lane: Callable[[Any], bool] | None = None,
-                 handle_batch: Callable[[list[Any]], list[Any]] | None = None, max_batch: int = 512) -> None:
+                 handle_batch: Callable[[list[Any]], list[Any]] | None = None, max_batch: int = 512,
+                 on_call_reply: Callable[[int, Any], None] | None = None,
+                 on_process_gone: Callable[[int], None] | None = None) -> None:
         self.path = path
         self._handle = handle
         self._on_closed = on_closed
+        self._on_call_reply = on_call_reply
+        self._on_process_gone = on_process_gone
+        self._by_pid: dict[int, tuple[socket.socket, threading.Lock]] = {}
         # The lane: requests ``lane(payload)`` selects (sends) queue up for one thread that hands
         # everything waiting to ``handle_batch`` at once — one lock, one write, one fsync per group.
         self._lane = lane if handle_batch is not None else None
@@ -122,6 +134,7 @@ class IpcServer:
             pass  # the network process is gone; its reader thread cleans up
 
     def _read_loop(self, conn: socket.socket, lock: threading.Lock) -> None:
+        pid: int | None = None
         try:
             while True:
                 head = _recv_exact(conn, 4)
@@ -142,15 +155,28 @@ class IpcServer:
                         self._pool.submit(self._run, conn, lock, ident, payload)
                 elif kind == "closed":
                     self._pool.submit(self._on_closed, payload)
+                elif kind == "hello":
+                    pid = int(payload)
+                    with self._conns_lock:
+                        self._by_pid[pid] = (conn, lock)
+                elif kind == "callrep" and self._on_call_reply is not None:
+                    self._pool.submit(self._on_call_reply, ident, payload)  # its callbacks build and send replies
         except OSError:
             return
         finally:
             with self._conns_lock:
                 self._conns = [(c, lk) for c, lk in self._conns if c is not conn]
+                if pid is not None and self._by_pid.get(pid, (None,))[0] is conn:
+                    del self._by_pid[pid]
             conn.close()
+            if pid is not None and self._on_process_gone is not None:
+                self._on_process_gone(pid)
 
     def _run(self, conn: socket.socket, lock: threading.Lock, ident: int, payload: Any) -> None:
         reply = self._handle(payload)
+        if isinstance(reply, Future):  # answered when a client has answered
+            reply.add_done_callback(lambda done: self._send(conn, lock, pack("rep", ident, done.result())))
+            return
         self._send(conn, lock, pack("rep", ident, reply))
 
     def queue_sizes(self) -> dict[str, int]:
@@ -159,6 +185,15 @@ class IpcServer:
         queue is read so that the request path counts nothing."""
         work = getattr(self._pool, "_work_queue", None)
         return {"send": self._lane_queue.qsize(), "other": work.qsize() if work is not None else 0}
+
+    def send_to(self, pid: int, event: Any) -> bool:
+        """Send an event to one network process; False when no process with that pid is connected."""
+        with self._conns_lock:
+            target = self._by_pid.get(pid)
+        if target is None:
+            return False
+        self._send(target[0], target[1], pack("event", 0, event))
+        return True
 
     def broadcast(self, event: Any) -> None:
         frame = pack("event", 0, event)
@@ -197,6 +232,7 @@ class IpcClient:
 
     async def connect(self) -> None:
         reader, self._writer = await asyncio.open_unix_connection(self.path, limit=MAX_IPC_FRAME)
+        self._writer.write(pack("hello", 0, os.getpid()))  # channels are (pid, serial): calls find us by pid
         self._reader_task = asyncio.create_task(self._read_loop(reader))
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
@@ -231,6 +267,11 @@ class IpcClient:
         self._pending[ident] = fut
         self._writer.write(pack("req", ident, payload))
         return await fut
+
+    def send_call_reply(self, call_id: int, outcome: Any) -> None:
+        """The outcome of a ``call`` event (a request the store process made to one of our clients)."""
+        if self._writer is not None and not self.closed.is_set():
+            self._writer.write(pack("callrep", call_id, outcome))
 
     def notify_closed(self, channel: Any) -> None:
         if self._writer is not None and not self.closed.is_set():

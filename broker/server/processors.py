@@ -17,6 +17,7 @@ import random
 import threading
 import time
 import zlib
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -124,6 +125,7 @@ class Reply:
     body: bytes = b""
     suspend: tuple[str, int, int, int] | None = None  # (topic, queue id, offset, timeout ms) to park
     notify: list[Notify] = field(default_factory=list)  # NOTIFY_CONSUMER_IDS_CHANGED to send
+    deferred: Future | None = None  # the real reply comes later (a client's answer): a Future of a Reply
 
 
 @dataclass
@@ -218,6 +220,10 @@ class BrokerCore:
         self.stats = BrokerStatsManager(cluster_name)  # tests swap in one with a fake clock
         self._handlers.update(stats_handlers(self))
         self._handlers.update(metadata_handlers(self))
+
+        from broker.server.admin_clients import AdminClientHandlers  # it imports this module
+
+        self.admin_clients = AdminClientHandlers(self)  # adds the admin requests about connected clients
 
     # ---- entry -------------------------------------------------------------------------------------------
     def process(self, req: Request) -> Reply:
@@ -511,7 +517,7 @@ class BrokerCore:
                     self.store.groups.update_subscriptions(
                         consumer.group_name,
                         [(s.topic, s.expression_type, s.sub_string, s.sub_version) for s in consumer.subscriptions])
-        notes = self.clients.heartbeat(req.channel, data, req.language, req.version)
+        notes = self.clients.heartbeat(req.channel, data, req.language, req.version, req.peer)
         return Reply(notify=notes)
 
     def check_client_config(self, req: Request) -> Reply:
