@@ -17,6 +17,7 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import CreateTopicRequestHeader
 from broker.remoting.transport import RemotingError
 from broker.store.config_files import SubscriptionGroupConfig
+from broker.store.topics import DEFAULT_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class Admin:
     def create_topic(self, broker_addr: str, topic: str, queues: int = 4, perm: int = 6, order: bool = False, *,
                      read_queues: int | None = None, write_queues: int | None = None) -> None:
         """UPDATE_AND_CREATE_TOPIC on one broker; ``queues`` sets both counts unless given apart."""
-        header = CreateTopicRequestHeader(topic=topic, default_topic="TBW102",
+        header = CreateTopicRequestHeader(topic=topic, default_topic=DEFAULT_TOPIC,
                                           read_queue_nums=queues if read_queues is None else read_queues,
                                           write_queue_nums=queues if write_queues is None else write_queues,
                                           perm=perm, topic_filter_type="SINGLE_TAG", topic_sys_flag=0, order=order)

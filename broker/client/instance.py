@@ -22,7 +22,6 @@ from broker.remoting.transport import RemotingClient
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TOPIC = "TBW102"
 ROUTE_TTL_S = 30.0
 
 

@@ -56,6 +56,7 @@ from broker.remoting.headers import (
 )
 from broker.server.clients import ClientRegistry, Notify
 from broker.server.message_store import GetStatus, MessageStore, PutResult, PutStatus
+from broker.server.settings import BrokerSettings
 from broker.store.batch import BatchFormatError, decode_batch
 from broker.store.config_files import ConfigFileError, SubscriptionGroupConfig, TopicConfig
 from broker.store.constants import (
@@ -73,6 +74,7 @@ from broker.store.message import MessageRecord
 from broker.store.message_id import UniqKeyGenerator
 from broker.store.properties import decode_properties, encode_properties
 from broker.store.topics import (
+    DEFAULT_TOPIC,
     DLQ_GROUP_TOPIC_PREFIX,
     SCHEDULE_TOPIC,
     TRANS_CHECK_MAX_TIME_TOPIC,
@@ -88,9 +90,8 @@ from broker.store.topics import (
 
 log = logging.getLogger(__name__)
 
-LOCK_MAX_LIVE_S = 60.0  # rocketmq.broker.rebalance.lockMaxLiveTime
-MAX_PULL_MESSAGES = 32  # maxTransferCountOnMessageInMemory
-MAX_PULL_BYTES = 256 * 1024  # maxTransferBytesOnMessageInMemory
+# Apache reads it from the JVM system property rocketmq.broker.rebalance.lockMaxLiveTime, not broker.conf
+LOCK_MAX_LIVE_S = 60.0
 RETRY_TOPIC_MAX_LENGTH = 255
 V3_4_9 = 121  # clients at or above honour maxReconsumeTimes from the send-back header
 MAX_QUEUE_NUMS = 1024  # per topic and broker; a bound keeps stats requests from looping for ever
@@ -173,7 +174,8 @@ class BrokerCore:
     def __init__(self, store: MessageStore, *, cluster_name: str, broker_name: str, broker_addr: str,
                  max_message_size: int, auto_create_topic: bool = True,
                  on_topics_changed: Callable[[], None] | None = None,
-                 clients: ClientRegistry | None = None, config_text: str = "") -> None:
+                 clients: ClientRegistry | None = None, settings: BrokerSettings | None = None,
+                 config_path: str | None = None) -> None:
         self.store = store
         self.cluster_name = cluster_name
         self.broker_name = broker_name
@@ -181,8 +183,8 @@ class BrokerCore:
         self.store_host = Host.parse(broker_addr)
         self.max_message_size = max_message_size
         self.auto_create_topic = auto_create_topic
-        self.config_text = config_text
-        self.clients = clients or ClientRegistry()
+        self.settings = settings or BrokerSettings()  # replaced whole by UPDATE_BROKER_CONFIG
+        self.clients = clients or ClientRegistry(channel_expired_s=self.settings.client_channel_max_idle_time_seconds)
         self.on_topics_changed = on_topics_changed or (lambda: None)
         self._uniq = UniqKeyGenerator(ip=self.store_host.address if len(self.store_host.address) == 4 else None)
         self._locks: dict[tuple[str, MessageQueue], tuple[str, float]] = {}
@@ -215,8 +217,10 @@ class BrokerCore:
             RequestCode.GET_TOPIC_STATS_INFO: self.get_topic_stats_info,
             RequestCode.GET_CONSUME_STATS: self.get_consume_stats,
             RequestCode.GET_BROKER_RUNTIME_INFO: self.get_broker_runtime_info,
-            RequestCode.GET_BROKER_CONFIG: self.get_broker_config,
         }
+        from broker.server.admin_config import install_config_handlers  # it builds on this module's Reply
+
+        install_config_handlers(self, config_path)
 
     # ---- entry -------------------------------------------------------------------------------------------
     def process(self, req: Request) -> Reply:
@@ -281,7 +285,7 @@ class BrokerCore:
         if is_retry_topic(h.topic):
             config = topics.create_topic_in_send_back(h.topic, 1)
         elif self.auto_create_topic:
-            config = topics.create_topic_in_send_message(h.topic, h.default_topic or "TBW102",
+            config = topics.create_topic_in_send_message(h.topic, h.default_topic or DEFAULT_TOPIC,
                                                          h.default_topic_queue_nums or 4)
         if config is not None:
             self.on_topics_changed()
@@ -406,8 +410,10 @@ class BrokerCore:
                 return _error(ResponseCode.SUBSCRIPTION_NOT_EXIST,
                               f"the consumer's subscription not exist, group: {h.consumer_group}")
             tag_filter = parse_tag_filter(sub.sub_string)
+        s = self.settings
         got = self.store.get_messages(h.topic, h.queue_id, h.queue_offset,
-                                      max(1, min(h.max_msg_nums, MAX_PULL_MESSAGES)), MAX_PULL_BYTES, tag_filter)
+                                      max(1, min(h.max_msg_nums, s.max_transfer_count_on_message_in_memory)),
+                                      s.max_transfer_bytes_on_message_in_memory, tag_filter)
         if got.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE):
             code = ResponseCode.PULL_OFFSET_MOVED if h.queue_offset != 0 else ResponseCode.PULL_NOT_FOUND
         else:
@@ -418,6 +424,8 @@ class BrokerCore:
             self.store.commit_offset(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         if code == ResponseCode.PULL_NOT_FOUND and can_suspend:
             timeout = h.suspend_timeout_millis if h.suspend_timeout_millis and h.suspend_timeout_millis > 0 else 15_000
+            if not s.long_polling_enable:  # short polling: held shortPollingTimeMills, then PULL_NOT_FOUND
+                timeout = s.short_polling_time_mills
             return Reply(suspend=(h.topic, h.queue_id, h.queue_offset, timeout))
         ext = {"nextBeginOffset": str(got.next_begin_offset), "minOffset": str(got.min_offset),
                "maxOffset": str(got.max_offset), "suggestWhichBrokerId": "0"}
@@ -562,7 +570,7 @@ class BrokerCore:
         for name, value in (("readQueueNums", h.read_queue_nums), ("writeQueueNums", h.write_queue_nums)):
             if not 0 <= value <= MAX_QUEUE_NUMS:
                 return _error(ResponseCode.INVALID_PARAMETER, f"{name} {value} is outside 0..{MAX_QUEUE_NUMS}")
-        if h.topic == "TBW102" or h.topic == self.cluster_name:
+        if h.topic == DEFAULT_TOPIC or h.topic == self.cluster_name:
             return _error(ResponseCode.SYSTEM_ERROR, f"the topic[{h.topic}] is conflict with system reserved words")
         self.store.topics.put(TopicConfig(h.topic, read_queue_nums=h.read_queue_nums,
                                           write_queue_nums=h.write_queue_nums, perm=h.perm,
@@ -608,7 +616,8 @@ class BrokerCore:
     def _last_store_time(self, topic: str, qid: int, offset: int) -> int:
         if offset <= 0:
             return 0
-        got = self.store.get_messages(topic, qid, offset - 1, 1, MAX_PULL_BYTES, None)
+        got = self.store.get_messages(topic, qid, offset - 1, 1, self.settings.max_transfer_bytes_on_message_in_memory,
+                                      None)
         if got.status != GetStatus.FOUND or not got.body:
             return 0
         from broker.store.message import decode_record
@@ -652,10 +661,6 @@ class BrokerCore:
                  "commitLogMinOffset": str(self.store.commitlog_min_offset), "bootTimestamp": str(_BOOT_MS),
                  "dispatchBehindBytes": str(self.store.dispatch_behind_bytes)}
         return Reply(body=dumps_json({"table": table}))
-
-    def get_broker_config(self, req: Request) -> Reply:
-        """``key=value`` lines under broker.conf names, as Apache answers ``mqadmin getBrokerConfig``."""
-        return Reply(body=self.config_text.encode("utf-8"))
 
 
 _BOOT_MS = int(time.time() * 1000)
