@@ -9,17 +9,35 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from broker.client.instance import ClientInstance, MQClientError
-from broker.remoting.bodies import ClusterInfo, ConsumeStats, TopicList, TopicRouteData, TopicStatsTable, dumps_json
+from broker.remoting.bodies import (
+    ClusterInfo,
+    ConsumeStats,
+    TopicList,
+    TopicRouteData,
+    TopicStatsTable,
+    decode_data_version,
+    dumps_json,
+)
 from broker.remoting.codes import MASTER_ID, RequestCode, ResponseCode, response_code_name
+from broker.remoting import java_properties
 from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import CreateTopicRequestHeader
 from broker.remoting.transport import RemotingError
-from broker.store.config_files import SubscriptionGroupConfig
+from broker.store.config_files import DataVersion, SubscriptionGroupConfig
 from broker.store.topics import DEFAULT_TOPIC
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class BrokerConfig:
+    """GET_BROKER_CONFIG's answer: every setting as text, and the configuration's version."""
+
+    values: dict[str, str]
+    version: DataVersion | None
 
 
 class Admin:
@@ -164,3 +182,19 @@ class Admin:
         resp = self._invoke(broker_addr, RemotingCommand.request(RequestCode.GET_CONSUME_STATS, ext),
                             f"consume stats {group}")
         return ConsumeStats.decode(resp.body)
+
+    def get_broker_config(self, broker_addr: str) -> BrokerConfig:
+        """GET_BROKER_CONFIG (``mqadmin getBrokerConfig``): the body is properties text, the ``version``
+        header field the configuration's DataVersion (absent from brokers that do not send it)."""
+        resp = self._invoke(broker_addr, RemotingCommand.request(RequestCode.GET_BROKER_CONFIG), "get broker config")
+        values = java_properties.loads(resp.body.decode("utf-8"))
+        raw_version = resp.ext_fields.get("version")
+        version = decode_data_version(raw_version) if raw_version else None
+        return BrokerConfig(values, version)
+
+    def update_broker_config(self, broker_addr: str, values: dict[str, str]) -> None:
+        """UPDATE_BROKER_CONFIG (``mqadmin updateBrokerConfig``): ``values`` as a properties body."""
+        body = "".join(f"{java_properties.escape(k, key=True)}={java_properties.escape(v)}\n"
+                       for k, v in values.items()).encode("utf-8")
+        self._invoke(broker_addr, RemotingCommand.request(RequestCode.UPDATE_BROKER_CONFIG, body=body),
+                     f"update broker config {', '.join(values)}")

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from broker.remoting.bodies import dumps_json
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.headers import GetBrokerConfigResponseHeader
-from broker.server import java_properties
+from broker.remoting import java_properties
 from broker.server.processors import Reply, Request
 from broker.server.settings import (
     RUNTIME_KEYS,

@@ -7,7 +7,7 @@
 * :mod:`.persist` — runtime updates written back into the config file.
 """
 
-from broker.server.java_properties import dumps
+from broker.remoting.java_properties import dumps
 from broker.server.settings.declared import (
     RUNTIME_KEYS,
     SETTING_FIELDS,

@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from broker.server import java_properties
+from broker.remoting import java_properties
 from broker.server.settings.apache_keys import APACHE_ONLY_KEYS
 from broker.server.settings.declared import SETTING_FIELDS, BrokerSettings, SettingsError, convert
 

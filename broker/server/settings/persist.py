@@ -17,7 +17,7 @@ import shutil
 import tomllib
 from pathlib import Path
 
-from broker.server import java_properties
+from broker.remoting import java_properties
 from broker.server.settings.declared import SETTING_FIELDS
 from broker.server.settings.loading import PROPERTIES, detect_format, settings_from_mapping
 
