@@ -19,7 +19,7 @@ from typing import Any
 
 from broker.remoting import java_properties
 from broker.server.settings.apache_keys import APACHE_ONLY_KEYS
-from broker.server.settings.declared import SETTING_FIELDS, BrokerSettings, SettingsError, convert
+from broker.server.settings.declared import SETTING_FIELDS, BrokerSettings, SettingsError, convert, format_value
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +51,10 @@ def unknown_key_message(key: str, source: str) -> str:
 def refused_key_message(key: str, value: Any, source: str) -> str | None:
     """Why an Apache-only key with this value is refused, or None when it is harmless."""
     spec = APACHE_ONLY_KEYS[key]
-    if spec.is_harmless(str(value).lower() if isinstance(value, bool) else str(value)):
+    text = format_value(value).strip()
+    if spec.is_harmless(text):
         return None
-    return f"{source}: {key}={value}: not supported by rocketlake: {spec.reason}"
+    return f"{source}: {key}={text}: not supported by rocketlake: {spec.reason}"
 
 
 def _warn_ignored(key: str, source: str) -> None:

@@ -82,8 +82,8 @@ def _update_toml(text: str, updates: dict[str, str]) -> str:
     missing = [f"{key} = {_toml_value(key, value)}" for key, value in updates.items() if key not in done]
     if table_end is None:
         table_end = len(lines)
-        while table_end and not lines[table_end - 1].strip():
-            table_end -= 1
+    while table_end and not lines[table_end - 1].strip():  # keep the blank lines before the next table
+        table_end -= 1
     lines[table_end:table_end] = missing
     return "\n".join(lines) + "\n"
 
