@@ -250,7 +250,8 @@ def add_admin_parser(sub: argparse._SubParsersAction) -> None:
         where.add_argument("-c", "--clusterName", dest="cluster", help="every master broker of this cluster")
         where.add_argument("-b", "--brokerAddr", dest="broker", type=_address, help="this broker (host:port)")
         if name == "updateBrokerConfig":
-            p.add_argument("-k", "--key", required=True, help="broker.conf name, e.g. maxTransferCountOnMessageInMemory")
+            p.add_argument("-k", "--key", required=True,
+                           help="broker.conf name, e.g. maxTransferCountOnMessageInMemory")
             p.add_argument("-v", "--value", required=True)
 
     p = add("topicList", cmd_topic_list, "every topic the name server knows, one per line")

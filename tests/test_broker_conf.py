@@ -72,7 +72,8 @@ def test_entries_know_their_lines():
         ("a", "1", 2, 2), ("b", "xy", 3, 4), ("c", "3", 6, 6)]
 
 
-@pytest.mark.parametrize("text", ["plain", " lead", "a=b:c#d!e", "tab\there", "back\\slash", "é€\U0001F600", "", "x "])
+@pytest.mark.parametrize("text", ["plain", " lead", "a=b:c#d!e", "tab\there", "back\\slash", "é€\U0001F600", "",
+                                  "x "])
 def test_escape_round_trips_keys_and_values(text):
     assert loads(f"k={escape(text)}")["k"] == text
     if text:
@@ -96,6 +97,9 @@ def test_detect_format(tmp_path, name, text, fmt):
 
 
 def test_apache_sample_broker_conf_loads(tmp_path, caplog):
+    from broker.server.settings import loading
+
+    loading._warned.clear()  # warnings are once per process: earlier tests may have had them
     cfg = tmp_path / "broker.conf"
     cfg.write_text(APACHE_SAMPLE)
     with caplog.at_level(logging.WARNING, logger="broker.server.settings.loading"):

@@ -399,3 +399,26 @@ def test_real_broker_from_broker_conf_get_and_update_over_the_wire(tmp_path):
         assert proc.wait(60) == 0
         ns.send_signal(signal.SIGTERM)
         ns.wait(10)
+
+
+@pytest.mark.parametrize("name, before, after", [
+    ("flat.toml", '# flat\nbrokerName = "b"\nlong_polling_enable = true\n',
+     '# flat\nbrokerName = "b"\nlong_polling_enable = false\nshortPollingTimeMills = 250\n'),
+    ("t.toml", '[extra]\nlongPollingEnable = 1\n\n[broker]\nbrokerName = "b"\n\n[more]\nx = 1\n',
+     '[extra]\nlongPollingEnable = 1\n\n[broker]\nbrokerName = "b"\nlongPollingEnable = false\n'
+     'shortPollingTimeMills = 250\n\n[more]\nx = 1\n'),
+    ("broker.conf", "brokerName=b\nlongPollingEnable=true", "brokerName=b\nlongPollingEnable=false\n"
+                                                            "shortPollingTimeMills=250\n"),
+    ("broker.properties", "longPollingEnable true\nlongPollingEnable : true\n",
+     "longPollingEnable=false\nlongPollingEnable=false\nshortPollingTimeMills=250\n"),
+])
+def test_persist_changes_only_the_lines_of_the_keys(tmp_path, name, before, after):
+    from broker.server.settings import persist_updates
+
+    cfg = tmp_path / name
+    cfg.write_text(before)
+    persist_updates(cfg, {"longPollingEnable": "false", "shortPollingTimeMills": "250"})
+    assert cfg.read_text() == after
+    assert (tmp_path / f"{name}.bak").read_text() == before
+    s = load_settings(cfg)
+    assert (s.long_polling_enable, s.short_polling_time_mills) == (False, 250)

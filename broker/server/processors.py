@@ -57,6 +57,7 @@ from broker.remoting.headers import (
 from broker.server.clients import ClientRegistry, Notify
 from broker.server.message_store import GetStatus, MessageStore, PutResult, PutStatus
 from broker.server.settings import BrokerSettings
+from broker.server.settings.declared import MAX_TOPIC_QUEUE_NUMS as MAX_QUEUE_NUMS
 from broker.store.batch import BatchFormatError, decode_batch
 from broker.store.config_files import ConfigFileError, SubscriptionGroupConfig, TopicConfig
 from broker.store.constants import (
@@ -94,7 +95,6 @@ log = logging.getLogger(__name__)
 LOCK_MAX_LIVE_S = 60.0
 RETRY_TOPIC_MAX_LENGTH = 255
 V3_4_9 = 121  # clients at or above honour maxReconsumeTimes from the send-back header
-MAX_QUEUE_NUMS = 1024  # per topic and broker; a bound keeps stats requests from looping for ever
 # TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET: only the broker itself writes these
 NOT_ALLOWED_SEND_TOPICS = frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
                                      "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT"})

@@ -16,22 +16,16 @@ import os
 from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any
 
-from broker.store.constants import (
-    ASYNC_FLUSH,
-    DEFAULT_MAPPED_FILE_SIZE_COMMITLOG,
-    DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE,
-    DEFAULT_MAX_HASH_SLOT_NUM,
-    DEFAULT_MAX_INDEX_NUM,
-    DEFAULT_MAX_MESSAGE_SIZE,
-    DEFAULT_MESSAGE_DELAY_LEVEL,
-    FLUSH_DISK_TYPES,
-)
+from broker.remoting.frame import DEFAULT_MAX_FRAME
+from broker.server.clients import DEFAULT_CHANNEL_EXPIRED_S
+from broker.server.message_store import StoreSettings
+from broker.store.constants import FLUSH_DISK_TYPES
 from broker.store.delay import parse_delay_levels
-from broker.store.topics import DEFAULT_TOPIC_QUEUE_NUMS
 
+# The store's own defaults (Apache's MessageStoreConfig values) are the settings' defaults: one copy.
+_STORE = StoreSettings()
 ASYNC_MASTER = "ASYNC_MASTER"  # brokerRole: a master without replicas is the only role we play
-BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
-MAX_TOPIC_QUEUE_NUMS = 1024  # per topic and broker (request processors bound stats loops with it too)
+MAX_TOPIC_QUEUE_NUMS = 1024  # per topic and broker; a bound keeps stats requests from looping for ever
 
 
 class SettingsError(ValueError):
@@ -66,34 +60,39 @@ class BrokerSettings:
                                           "ms between registrations with the name servers (clamped to 10 s..60 s)")
     request_processes: int = _s("requestProcesses", doc="network processes accepting on the port", ours=True,
                                 default_factory=lambda: max(2, os.cpu_count() or 2))
-    max_frame_length: int = _s("maxFrameLength", 16 * 1024 * 1024, "largest remoting frame accepted, in bytes",
+    max_frame_length: int = _s("maxFrameLength", DEFAULT_MAX_FRAME, "largest remoting frame accepted, in bytes",
                                ours=True)
     # ---- store (MessageStoreConfig) -------------------------------------------------------------------
     store_path_root_dir: str = _s("storePathRootDir", "", "store directory (commitlog, consumequeue, index, config)",
                                   differs="Apache defaults to ~/store; ours comes from --store unless set here")
-    mapped_file_size_commit_log: int = _s("mappedFileSizeCommitLog", DEFAULT_MAPPED_FILE_SIZE_COMMITLOG,
+    mapped_file_size_commit_log: int = _s("mappedFileSizeCommitLog", _STORE.segment_bytes,
                                           "bytes of one commitlog file")
-    mapped_file_size_consume_queue: int = _s("mappedFileSizeConsumeQueue", DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE,
+    mapped_file_size_consume_queue: int = _s("mappedFileSizeConsumeQueue", _STORE.cq_file_bytes,
                                              "bytes of one consume queue file (a multiple of 20)")
-    max_hash_slot_num: int = _s("maxHashSlotNum", DEFAULT_MAX_HASH_SLOT_NUM, "hash slots of one index file")
-    max_index_num: int = _s("maxIndexNum", DEFAULT_MAX_INDEX_NUM, "entries of one index file")
-    flush_disk_type: str = _s("flushDiskType", ASYNC_FLUSH.value, "ASYNC_FLUSH or SYNC_FLUSH (group commit)")
-    flush_interval_commit_log: int = _s("flushIntervalCommitLog", 500, "ms between commitlog fsyncs (ASYNC_FLUSH)")
-    flush_interval_consume_queue: int = _s("flushIntervalConsumeQueue", 1000,
+    max_hash_slot_num: int = _s("maxHashSlotNum", _STORE.index_slots, "hash slots of one index file")
+    max_index_num: int = _s("maxIndexNum", _STORE.index_entries, "entries of one index file")
+    flush_disk_type: str = _s("flushDiskType", str(_STORE.flush_disk_type), "ASYNC_FLUSH or SYNC_FLUSH (group commit)")
+    flush_interval_commit_log: int = _s("flushIntervalCommitLog", _STORE.flush_interval_ms,
+                                        "ms between commitlog fsyncs (ASYNC_FLUSH)")
+    flush_interval_consume_queue: int = _s("flushIntervalConsumeQueue", _STORE.checkpoint_interval_ms,
                                            "ms between consume queue/index fsyncs and checkpoint writes")
-    sync_flush_timeout: int = _s("syncFlushTimeout", 5_000, "ms a SYNC_FLUSH put waits for fsync (then FLUSH_DISK_TIMEOUT)")
-    max_message_size: int = _s("maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE, "largest message body accepted, in bytes")
-    message_delay_level: str = _s("messageDelayLevel", DEFAULT_MESSAGE_DELAY_LEVEL, "delay of each delay level")
-    flush_consumer_offset_interval: int = _s("flushConsumerOffsetInterval", 5_000,
+    sync_flush_timeout: int = _s("syncFlushTimeout", _STORE.sync_flush_timeout_ms,
+                                 "ms a SYNC_FLUSH put waits for fsync (then FLUSH_DISK_TIMEOUT)")
+    max_message_size: int = _s("maxMessageSize", _STORE.max_message_size, "largest message body accepted, in bytes")
+    message_delay_level: str = _s("messageDelayLevel", _STORE.message_delay_level, "delay of each delay level")
+    flush_consumer_offset_interval: int = _s("flushConsumerOffsetInterval", _STORE.persist_interval_ms,
                                              "ms between writes of consumer offsets and other config/*.json")
-    check_crc_on_recover: bool = _s("checkCRCOnRecover", True, "verify body CRCs when recovering the commitlog")
-    access_message_in_memory_max_ratio: int = _s("accessMessageInMemoryMaxRatio", 40,
+    check_crc_on_recover: bool = _s("checkCRCOnRecover", _STORE.check_crc_on_recover,
+                                    "verify body CRCs when recovering the commitlog")
+    access_message_in_memory_max_ratio: int = _s("accessMessageInMemoryMaxRatio",
+                                                 _STORE.access_message_in_memory_max_ratio,
                                                  "% of RAM behind the end beyond which a pull counts as from disk")
     # ---- topics and groups (BrokerConfig) ---------------------------------------------------------------
-    auto_create_topic_enable: bool = _s("autoCreateTopicEnable", True, "create unknown topics on first send")
-    auto_create_subscription_group: bool = _s("autoCreateSubscriptionGroup", True,
+    auto_create_topic_enable: bool = _s("autoCreateTopicEnable", _STORE.auto_create_topic_enable,
+                                        "create unknown topics on first send")
+    auto_create_subscription_group: bool = _s("autoCreateSubscriptionGroup", _STORE.auto_create_subscription_group,
                                               "create unknown consumer groups on first use")
-    default_topic_queue_nums: int = _s("defaultTopicQueueNums", DEFAULT_TOPIC_QUEUE_NUMS,
+    default_topic_queue_nums: int = _s("defaultTopicQueueNums", _STORE.default_topic_queue_nums,
                                        "queues of TBW102 when the broker first creates it (caps auto-created topics)")
     # ---- consumption (BrokerConfig, MessageStoreConfig, NettyClientConfig) -------------------------------
     long_polling_enable: bool = _s("longPollingEnable", True,
@@ -108,7 +107,7 @@ class BrokerSettings:
                                                       "most bytes one pull returns (the first message always goes)",
                                                       runtime=True)
     client_channel_max_idle_time_seconds: int = _s(
-        "clientChannelMaxIdleTimeSeconds", 120,
+        "clientChannelMaxIdleTimeSeconds", DEFAULT_CHANNEL_EXPIRED_S,
         "s without a heartbeat after which a client's registration is dropped (its consumers rebalance)",
         runtime=True)
 
