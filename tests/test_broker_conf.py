@@ -178,3 +178,23 @@ def test_ignored_key_warns_once_per_process(tmp_path, caplog):
     assert [r.getMessage() for r in caplog.records] == [
         f"{cfg}: haListenPort ignored: master/slave replication (HA) is not implemented; a master without slaves "
         "has nothing to use it for"]
+
+
+def test_broker_id_must_be_the_master(tmp_path):
+    cfg = tmp_path / "broker.conf"
+    cfg.write_text("brokerId=1\n")
+    with pytest.raises(SettingsError, match="brokerId 1: not supported by rocketlake: a non-zero id registers a slave"):
+        load_settings(cfg)
+
+
+def test_cli_needs_a_store_from_flag_or_file(tmp_path, capsys):
+    from broker.cli import main
+
+    cfg = tmp_path / "broker.conf"
+    cfg.write_text(APACHE_SAMPLE)
+    assert main(["broker", "start", "-c", str(cfg)]) == 2
+    assert capsys.readouterr().err == "error: no store directory: give --store or storePathRootDir in the config file\n"
+    cfg.write_text("aclEnable=true\n")
+    assert main(["broker", "start", "-c", str(cfg), "--store", str(tmp_path / "s")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {cfg}: aclEnable=true: not supported by rocketlake: ACL")
+    assert not (tmp_path / "s").exists()

@@ -424,7 +424,9 @@ class BrokerCore:
             self.store.commit_offset(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         if code == ResponseCode.PULL_NOT_FOUND and can_suspend:
             timeout = h.suspend_timeout_millis if h.suspend_timeout_millis and h.suspend_timeout_millis > 0 else 15_000
-            if not s.long_polling_enable:  # short polling: held shortPollingTimeMills, then PULL_NOT_FOUND
+            # short polling: held shortPollingTimeMills, then PULL_NOT_FOUND (a message arriving meanwhile still
+            # answers it at once; Apache looks again only when that time is up)
+            if not s.long_polling_enable:
                 timeout = s.short_polling_time_mills
             return Reply(suspend=(h.topic, h.queue_id, h.queue_offset, timeout))
         ext = {"nextBeginOffset": str(got.next_begin_offset), "minOffset": str(got.min_offset),

@@ -16,6 +16,7 @@ import os
 from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any
 
+from broker.remoting.codes import MASTER_ID
 from broker.remoting.frame import DEFAULT_MAX_FRAME
 from broker.server.clients import DEFAULT_CHANNEL_EXPIRED_S
 from broker.server.message_store import StoreSettings
@@ -48,7 +49,7 @@ class BrokerSettings:
     broker_cluster_name: str = _s("brokerClusterName", "DefaultCluster", "cluster the broker registers in")
     broker_name: str = _s("brokerName", "broker-a", "broker name (master and slaves share it)",
                           differs="Apache uses the host name; a fixed name keeps test stores and routes stable")
-    broker_id: int = _s("brokerId", 0, "0 = master (the only role rocketlake plays)")
+    broker_id: int = _s("brokerId", MASTER_ID, "0 = master (the only role rocketlake plays)")
     broker_role: str = _s("brokerRole", ASYNC_MASTER, "replication role; only ASYNC_MASTER (no replicas) is supported")
     broker_ip1: str = _s("brokerIP1", "127.0.0.1", "address written into STOREHOST and registered with the name server",
                          differs="Apache picks a local interface address; loopback unless configured")
@@ -108,12 +109,16 @@ class BrokerSettings:
                                                       runtime=True)
     client_channel_max_idle_time_seconds: int = _s(
         "clientChannelMaxIdleTimeSeconds", DEFAULT_CHANNEL_EXPIRED_S,
-        "s without a heartbeat after which a client's registration is dropped (its consumers rebalance)",
+        "s without a heartbeat after which a client's registration is dropped (its consumers rebalance); "
+        "Apache closes a channel idle that long, which drops its clients the same way",
         runtime=True)
 
     def __post_init__(self) -> None:
         if self.flush_disk_type not in FLUSH_DISK_TYPES:
             raise SettingsError(f"flushDiskType must be one of {FLUSH_DISK_TYPES}, got {self.flush_disk_type!r}")
+        if self.broker_id != MASTER_ID:
+            raise SettingsError(f"brokerId {self.broker_id}: not supported by rocketlake: a non-zero id registers a "
+                                f"slave, and it has no replication (only {MASTER_ID}, the master)")
         if self.broker_role != ASYNC_MASTER:
             raise SettingsError(f"brokerRole {self.broker_role!r}: not supported by rocketlake: it has no replication, "
                                 f"only {ASYNC_MASTER} (a master without slaves) is")
