@@ -1,5 +1,5 @@
-"""``rocketlake admin``: Apache ``mqadmin``'s topic, group, offset, name-server-config, broker statistics and
-connected-client verbs.
+"""``rocketlake admin``: Apache ``mqadmin``'s topic, group, offset, name-server-config, broker-config, broker
+statistics and connected-client verbs.
 
 Same subcommand names and short flags as ``mqadmin`` (``updateTopic -n NS -c CLUSTER -t TOPIC``…),
 so runbooks written for an Apache cluster work here, and only standard request codes are sent, so
@@ -448,6 +448,35 @@ def cmd_consume_message_directly(admin: Admin, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _config_targets(admin: Admin, args: argparse.Namespace) -> list[str]:
+    """The broker (-b) or every master of the cluster (-c) a config command goes to."""
+    from broker.client import MQClientError
+
+    if args.broker:
+        return [args.broker]
+    masters = admin.cluster_masters(args.cluster)
+    if not masters:
+        raise MQClientError(f"cluster {args.cluster!r} has no master broker")
+    return list(masters.values())
+
+
+def cmd_get_broker_config(admin: Admin, args: argparse.Namespace) -> int:
+    """mqadmin's layout: a ``====addr====`` line, then ``key<padding>=  value`` per setting, sorted."""
+    for addr in _config_targets(admin, args):
+        config = admin.get_broker_config(addr)
+        print(f"============{addr}============")
+        for key in sorted(config.values):
+            print(f"{key:<50}=  {config.values[key]}")
+    return EXIT_OK
+
+
+def cmd_update_broker_config(admin: Admin, args: argparse.Namespace) -> int:
+    for addr in _config_targets(admin, args):
+        admin.update_broker_config(addr, {args.key: args.value})
+        print(f"update broker config success, {addr}")
+    return EXIT_OK
+
+
 def cmd_admin(args: argparse.Namespace) -> int:
     """Run one subcommand with a connected :class:`Admin`; every failure becomes one stderr line."""
     from broker.client import Admin, MQClientError
@@ -498,6 +527,21 @@ def add_admin_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-p", "--perm", type=int, choices=PERM_CHOICES, default=6, help="2 = W, 4 = R, 6 = RW (default)")
     p.add_argument("-o", "--order", type=_bool_text, default=False, metavar="true|false",
                    help="ordered topic (default false)")
+
+    for name, func, text in (
+            ("getBrokerConfig", cmd_get_broker_config, "every setting of one broker (-b) or of each master of a "
+                                                       "cluster (-c), under Apache's broker.conf names"),
+            ("updateBrokerConfig", cmd_update_broker_config, "change a setting of one broker (-b) or of each master "
+                                                             "of a cluster (-c) while it runs; written to its config "
+                                                             "file")):
+        p = add(name, func, text)
+        where = p.add_mutually_exclusive_group(required=True)
+        where.add_argument("-c", "--clusterName", dest="cluster", help="every master broker of this cluster")
+        where.add_argument("-b", "--brokerAddr", dest="broker", type=_address, help="this broker (host:port)")
+        if name == "updateBrokerConfig":
+            p.add_argument("-k", "--key", required=True,
+                           help="broker.conf name, e.g. maxTransferCountOnMessageInMemory")
+            p.add_argument("-v", "--value", required=True)
 
     p = add("topicList", cmd_topic_list, "every topic the name server knows, one per line")
     p.add_argument("-c", "--clusterModel", dest="cluster_mode", action="store_true",

@@ -14,6 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
+from broker.store.constants import FLUSH_DISK_TYPES
+
 log = logging.getLogger("rocketlake")
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
@@ -246,11 +248,15 @@ def cmd_broker_start(args: argparse.Namespace) -> int:
         if host not in (None, "0.0.0.0", "::", "") and settings.broker_ip1 == BrokerSettings().broker_ip1:
             # no brokerIP1 configured: clients reach us where we listen
             settings = settings.with_overrides(broker_ip1=host)
+        store = args.store or (Path(settings.store_path_root_dir).expanduser() if settings.store_path_root_dir else None)
+        if store is None:
+            raise SettingsError("no store directory: give --store or storePathRootDir in the config file")
+        settings = settings.with_overrides(store_path_root_dir=str(Path(store).resolve()))
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return run_broker(settings, str(args.store), logging.getLogger().level)
+        return run_broker(settings, str(store), logging.getLogger().level, args.config)
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FINDINGS
@@ -424,13 +430,16 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = broker.add_subparsers(dest="broker_command", required=True, metavar="SUBCOMMAND")
     p = bsub.add_parser("start", help="serve until SIGINT/SIGTERM (clean shutdown: flush, checkpoint)",
                         description="Start the store process and the network processes; SIGTERM stops cleanly.")
-    p.add_argument("--store", type=Path, required=True, metavar="DIR", help="store directory (created if missing)")
+    p.add_argument("--store", type=Path, default=None, metavar="DIR",
+                   help="store directory, created if missing (default: storePathRootDir of the config file)")
     p.add_argument("--listen", type=_listen_address, default=None,
                    help="host:port to listen on (default 127.0.0.1:10911)")
     p.add_argument("--namesrv", default=None, help="name server address(es), host:port;host:port")
     p.add_argument("--name", default=None, help="broker name (default broker-a)")
-    p.add_argument("--config", type=Path, default=None, help="broker.toml with Apache broker.conf keys")
-    p.add_argument("--flush-disk-type", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], default=None)
+    p.add_argument("-c", "--config", type=Path, default=None, metavar="FILE",
+                   help="broker settings under Apache's broker.conf names: our broker.toml, or Apache's own "
+                        "broker.conf (Java properties: .conf/.properties, or any file that is not TOML)")
+    p.add_argument("--flush-disk-type", choices=FLUSH_DISK_TYPES, default=None)
     p.add_argument("--processes", type=_positive, default=None, help="network processes (default: cores)")
     p.set_defaults(func=cmd_broker_start)
 

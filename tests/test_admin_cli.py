@@ -203,3 +203,23 @@ def test_usage_errors_exit_2(env, capsys):
         with pytest.raises(SystemExit) as exc:
             main(["admin", sub, "--help"])
         assert exc.value.code == 0 and f"rocketlake admin {sub}" in capsys.readouterr().out
+
+
+def test_get_and_update_broker_config(env, capsys):
+    ns, addr = env
+    code, out, err = run(capsys, "getBrokerConfig", "-n", ns, "-b", addr)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == f"============{addr}============"
+    values = dict(re.split(r"=  ", line, maxsplit=1) for line in lines[1:])
+    values = {k.rstrip(): v for k, v in values.items()}
+    assert values["brokerName"] == BROKER and values["listenPort"] == addr.rsplit(":", 1)[1]
+    assert f"{'clientChannelMaxIdleTimeSeconds':<50}=  120" in lines
+    # the same value back: nothing changes for the other tests of this broker
+    code, out, err = run(capsys, "updateBrokerConfig", "-n", ns, "-c", CLUSTER, "-k", "clientChannelMaxIdleTimeSeconds",
+                         "-v", "120")
+    assert (code, out, err) == (0, f"update broker config success, {addr}\n", "")
+    code, out, err = run(capsys, "updateBrokerConfig", "-n", ns, "-b", addr, "-k", "brokerName", "-v", "x")
+    assert (code, out) == (1, "")
+    assert err.startswith(f"error: update broker config brokerName on {addr} failed: NO_PERMISSION(16) brokerName "
+                          "can not be changed while the broker runs")

@@ -250,7 +250,8 @@ def store(tmp_path):
 
 def _core(store: MessageStore, enabled: bool = True) -> BrokerCore:
     return BrokerCore(store, cluster_name="DefaultCluster", broker_name="broker-a", broker_addr="127.0.0.1:10911",
-                      max_message_size=4 << 20, enable_property_filter=enabled)
+                      max_message_size=4 << 20,
+                      settings=BrokerSettings(enable_property_filter=enabled))
 
 
 def _pull(core: BrokerCore, expression: str | None, offset: int = 0, *, topic: str = "Props", group: str = "G",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from broker.client.instance import ClientInstance, MQClientError
 from broker.remoting.bodies import (
@@ -30,9 +31,11 @@ from broker.remoting.bodies import (
     TopicList,
     TopicRouteData,
     TopicStatsTable,
+    decode_data_version,
     dumps_json,
 )
 from broker.remoting.codes import MASTER_ID, RequestCode, ResponseCode, response_code_name
+from broker.remoting import java_properties
 from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import (
     CloneGroupOffsetRequestHeader,
@@ -53,13 +56,21 @@ from broker.remoting.headers import (
 )
 from broker.remoting.properties_body import CHARSET, parse_properties, properties_to_text
 from broker.remoting.transport import RemotingError
-from broker.store.config_files import SubscriptionGroupConfig
+from broker.store.config_files import DataVersion, SubscriptionGroupConfig
 from broker.store.message_id import decode_offset_msg_id
-from broker.store.topics import retry_topic
+from broker.store.topics import DEFAULT_TOPIC, retry_topic
 
 log = logging.getLogger(__name__)
 
 RELAYED_TIMEOUT_S = 15.0  # the broker gives a client 10 s (callClient) before it answers us
+
+
+@dataclass
+class BrokerConfig:
+    """GET_BROKER_CONFIG's answer: every setting as text, and the configuration's version."""
+
+    values: dict[str, str]
+    version: DataVersion | None
 
 
 class Admin:
@@ -211,7 +222,7 @@ class Admin:
     def create_topic(self, broker_addr: str, topic: str, queues: int = 4, perm: int = 6, order: bool = False, *,
                      read_queues: int | None = None, write_queues: int | None = None) -> None:
         """UPDATE_AND_CREATE_TOPIC on one broker; ``queues`` sets both counts unless given apart."""
-        header = CreateTopicRequestHeader(topic=topic, default_topic="TBW102",
+        header = CreateTopicRequestHeader(topic=topic, default_topic=DEFAULT_TOPIC,
                                           read_queue_nums=queues if read_queues is None else read_queues,
                                           write_queue_nums=queues if write_queues is None else write_queues,
                                           perm=perm, topic_filter_type="SINGLE_TAG", topic_sys_flag=0, order=order)
@@ -411,3 +422,19 @@ class Admin:
         except (RemotingError, OSError, TimeoutError) as exc:
             raise MQClientError(f"{what} failed: broker {addr} did not answer ({exc or type(exc).__name__})") from None
         return self._ok(resp, f"{what} on {addr}")
+
+    def get_broker_config(self, broker_addr: str) -> BrokerConfig:
+        """GET_BROKER_CONFIG (``mqadmin getBrokerConfig``): the body is properties text, the ``version``
+        header field the configuration's DataVersion (absent from brokers that do not send it)."""
+        resp = self._invoke(broker_addr, RemotingCommand.request(RequestCode.GET_BROKER_CONFIG), "get broker config")
+        values = java_properties.loads(resp.body.decode("utf-8"))
+        raw_version = resp.ext_fields.get("version")
+        version = decode_data_version(raw_version) if raw_version else None
+        return BrokerConfig(values, version)
+
+    def update_broker_config(self, broker_addr: str, values: dict[str, str]) -> None:
+        """UPDATE_BROKER_CONFIG (``mqadmin updateBrokerConfig``): ``values`` as a properties body."""
+        body = "".join(f"{java_properties.escape(k, key=True)}={java_properties.escape(v)}\n"
+                       for k, v in values.items()).encode("utf-8")
+        self._invoke(broker_addr, RemotingCommand.request(RequestCode.UPDATE_BROKER_CONFIG, body=body),
+                     f"update broker config {', '.join(values)}")

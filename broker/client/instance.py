@@ -23,7 +23,6 @@ from broker.remoting.transport import RemotingClient, UnsupportedRequest
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TOPIC = "TBW102"
 ROUTE_TTL_S = 30.0
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Sequence
 
-from broker.client.instance import DEFAULT_TOPIC, ClientLifecycle, MQClientError, TopicRoute
+from broker.client.instance import ClientLifecycle, MQClientError, TopicRoute
 from broker.remoting.bodies import MessageQueue
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
@@ -25,7 +25,7 @@ from broker.store.batch import BatchItem, encode_batch
 from broker.store.constants import COMPRESSED_FLAG, DEFAULT_MAX_MESSAGE_SIZE
 from broker.store.message_id import UniqKeyGenerator
 from broker.store.properties import encode_properties
-from broker.store.topics import validate_topic
+from broker.store.topics import DEFAULT_TOPIC, validate_topic
 
 log = logging.getLogger(__name__)
 

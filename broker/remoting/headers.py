@@ -435,6 +435,13 @@ class GetConsumeStatsRequestHeader(RequestHeader):
 
 
 @_header
+class GetBrokerConfigResponseHeader(RequestHeader):
+    CODES = (RequestCode.GET_BROKER_CONFIG,)
+
+    version: str = _f("version", required=True)  # the configuration's DataVersion as JSON
+
+
+@_header
 class GetTopicStatsInfoRequestHeader(RequestHeader):
     CODES = (RequestCode.GET_TOPIC_STATS_INFO,)
 

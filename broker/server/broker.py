@@ -41,7 +41,7 @@ from broker.remoting.transport import Connection, RemotingServer, SyncRemotingCl
 from broker.server.message_store import MessageStore, StoreSettings
 from broker.server.processors import SEND_CODES, BrokerCore, Reply, Request
 from broker.server.schedule import ScheduleService
-from broker.server.settings import BrokerSettings, to_properties
+from broker.server.settings import BrokerSettings
 from broker.store.hosts import Host
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,9 @@ def store_settings(s: BrokerSettings) -> StoreSettings:
         segment_bytes=s.mapped_file_size_commit_log, cq_file_bytes=s.mapped_file_size_consume_queue,
         index_slots=s.max_hash_slot_num, index_entries=s.max_index_num, flush_disk_type=s.flush_disk_type,
         flush_interval_ms=s.flush_interval_commit_log, sync_flush_timeout_ms=s.sync_flush_timeout,
-        persist_interval_ms=s.flush_consumer_offset_interval, message_delay_level=s.message_delay_level,
+        checkpoint_interval_ms=s.flush_interval_consume_queue, persist_interval_ms=s.flush_consumer_offset_interval,
+        message_delay_level=s.message_delay_level, default_topic_queue_nums=s.default_topic_queue_nums,
+        access_message_in_memory_max_ratio=s.access_message_in_memory_max_ratio,
         max_message_size=s.max_message_size, store_host=Host.parse(s.broker_addr),
         cluster_name=s.broker_cluster_name, broker_name=s.broker_name,
         check_crc_on_recover=s.check_crc_on_recover, auto_create_topic_enable=s.auto_create_topic_enable,
@@ -161,7 +163,8 @@ class _GrowthBatcher:
 GIL_SWITCH_INTERVAL_S = 0.0002
 
 
-def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: str, ready, log_level: int) -> None:
+def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: str, ready, log_level: int,
+                       config_path: str | None = None) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [store] %(name)s: %(message)s")
     from broker.server.client_calls import IpcClientCaller
@@ -181,8 +184,7 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     core = BrokerCore(store, cluster_name=settings.broker_cluster_name, broker_name=settings.broker_name,
                       broker_addr=settings.broker_addr, max_message_size=settings.max_message_size,
                       auto_create_topic=settings.auto_create_topic_enable, on_topics_changed=registrar.changed,
-                      config_text=to_properties(settings),
-                      enable_property_filter=settings.enable_property_filter)
+                      settings=settings, config_path=config_path)
     server: IpcServer | None = None
     caller = IpcClientCaller(lambda pid, event: server.send_to(pid, event))
     core.admin_clients.caller = caller
@@ -374,8 +376,11 @@ class BrokerProcesses:
 class Broker:
     """Starts and stops one broker (store process + network processes)."""
 
-    def __init__(self, settings: BrokerSettings, store_dir: str | os.PathLike, log_level: int = logging.WARNING) -> None:
+    def __init__(self, settings: BrokerSettings, store_dir: str | os.PathLike, log_level: int = logging.WARNING,
+                 config_path: str | os.PathLike | None = None) -> None:
         self.settings = settings
+        # UPDATE_BROKER_CONFIG writes runtime changes back here (absolute: the store process may chdir)
+        self.config_path = str(Path(config_path).resolve()) if config_path is not None else None
         self.store_dir = str(Path(store_dir).resolve())
         self.log_level = log_level
         self.procs: BrokerProcesses | None = None
@@ -387,7 +392,8 @@ class Broker:
         socket_path = os.path.join(sock_dir, "store.sock")
         ready = self._ctx.Event()
         store = self._ctx.Process(target=store_process_main, name="rocketlake-store",
-                                  args=(self.settings, self.store_dir, socket_path, ready, self.log_level))
+                                  args=(self.settings, self.store_dir, socket_path, ready, self.log_level,
+                                        self.config_path))
         store.start()
         self.procs = BrokerProcesses(store, [], sock_dir)
         self._wait(ready, store, "store process")
@@ -460,9 +466,10 @@ class Broker:
         self.stop()
 
 
-def run_broker(settings: BrokerSettings, store_dir: str, log_level: int = logging.WARNING) -> int:
+def run_broker(settings: BrokerSettings, store_dir: str, log_level: int = logging.WARNING,
+               config_path: str | os.PathLike | None = None) -> int:
     """Foreground broker for the CLI: runs until SIGTERM/SIGINT, then stops cleanly."""
-    broker = Broker(settings, store_dir, log_level)
+    broker = Broker(settings, store_dir, log_level, config_path)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -62,6 +62,15 @@ class ClientRegistry:
         self.consumers: dict[str, ConsumerGroupInfo] = {}
         self.producers: dict[str, dict[Channel, ClientChannel]] = {}
 
+    @property
+    def channel_expired_s(self) -> float:
+        """Seconds without a heartbeat after which a channel's clients are dropped (clientChannelMaxIdleTimeSeconds)."""
+        return self._expired_s
+
+    @channel_expired_s.setter
+    def channel_expired_s(self, seconds: float) -> None:
+        self._expired_s = seconds
+
     # ---- registration ------------------------------------------------------------------------------
     def heartbeat(self, channel: Channel, data: HeartbeatData, language: str = "", version: int = 0,
                   addr: str = "") -> list[Notify]:

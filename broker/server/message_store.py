@@ -45,6 +45,8 @@ from broker.store.checkpoint import Checkpoint, CheckpointError, checkpoint_path
 from broker.store.commitlog import CommitLog, CommitLogWriter, offset_to_file_name
 from broker.store.config_files import ConfigFileError, load_topic_fences, save_topic_fences
 from broker.store.constants import (
+    ASYNC_FLUSH,
+    SYNC_FLUSH,
     CONSUME_QUEUE_DIR,
     CQ_STORE_UNIT_SIZE,
     DEFAULT_MAPPED_FILE_SIZE_COMMITLOG,
@@ -79,6 +81,7 @@ from broker.store.properties import encode_properties
 from broker.store.record_layout import STORE_TIMESTAMP_PROBE, read_store_timestamp
 from broker.store.store_lock import StoreLock, abort_marker_exists, create_abort_marker, remove_abort_marker
 from broker.store.topics import (
+    DEFAULT_TOPIC_QUEUE_NUMS,
     DLQ_NUMS_PER_GROUP,
     SCHEDULE_TOPIC,
     InvalidTopicError,
@@ -90,8 +93,6 @@ from broker.store.topics import (
 
 log = logging.getLogger(__name__)
 
-ASYNC_FLUSH = "ASYNC_FLUSH"
-SYNC_FLUSH = "SYNC_FLUSH"
 _MAGIC_V1 = signed32(MESSAGE_MAGIC_CODE_V1)
 _MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
 _SIZE_MAGIC = struct.Struct(">ii")
@@ -131,6 +132,7 @@ class StoreSettings:
     check_crc_on_recover: bool = True
     auto_create_topic_enable: bool = True
     auto_create_subscription_group: bool = True
+    default_topic_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS  # defaultTopicQueueNums: TBW102's queues
     access_message_in_memory_max_ratio: int = 40  # % of RAM; older messages count as "in disk"
     fsync_metadata: bool = True
     # True in the multiprocess broker: a separate dispatcher process builds the consume queues and
@@ -725,7 +727,8 @@ class MessageStore:
         fsync = s.fsync_metadata
         self.topics = TopicConfigManager(self.store_dir, cluster_name=s.cluster_name, broker_name=s.broker_name,
                                          delay_levels=len(self._delay_levels),
-                                         auto_create_topic_enable=s.auto_create_topic_enable, fsync=fsync)
+                                         auto_create_topic_enable=s.auto_create_topic_enable,
+                                         default_topic_queue_nums=s.default_topic_queue_nums, fsync=fsync)
         self.groups = SubscriptionGroupManager(self.store_dir, auto_create=s.auto_create_subscription_group,
                                                fsync=fsync)
         self.consumer_offsets = ConsumerOffsetManager(self.store_dir, fsync=fsync)

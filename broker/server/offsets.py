@@ -34,7 +34,7 @@ from broker.store.constants import (
     TOPIC_NAME_PATTERN,
     TOPICS_FILE,
 )
-from broker.store.topics import SCHEDULE_TOPIC, InvalidTopicError
+from broker.store.topics import DEFAULT_TOPIC, DEFAULT_TOPIC_QUEUE_NUMS, SCHEDULE_TOPIC, InvalidTopicError
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +44,6 @@ PERM_READ = 4
 PERM_WRITE = 2
 PERM_INHERIT = 1
 
-DEFAULT_TOPIC = "TBW102"  # template topic for auto-creation
-DEFAULT_TOPIC_QUEUE_NUMS = 8  # defaultTopicQueueNums
 # Groups a fresh 4.9.8 broker creates (SubscriptionGroupManager.init).
 SYSTEM_GROUPS = ("TOOLS_CONSUMER", "FILTERSRV_CONSUMER", "SELF_TEST_C_GROUP", "CID_ONS-HTTP-PROXY",
                  "CID_ONSAPI_PULL", "CID_ONSAPI_PERMISSION", "CID_ONSAPI_OWNER")

@@ -62,6 +62,8 @@ from broker.server.clients import ClientRegistry, Notify
 from broker.server.filter.consumer_filter import Refusal, check_client_config, pull_filter
 from broker.server.message_store import GetStatus, MessageStore, PutResult, PutStatus
 from broker.server.stats import BrokerStatsManager
+from broker.server.settings import BrokerSettings
+from broker.server.settings.declared import MAX_TOPIC_QUEUE_NUMS as MAX_QUEUE_NUMS
 from broker.store.batch import BatchFormatError, decode_batch
 from broker.store.config_files import ConfigFileError, SubscriptionGroupConfig, TopicConfig
 from broker.store.constants import (
@@ -79,6 +81,7 @@ from broker.store.message import MessageRecord
 from broker.store.message_id import UniqKeyGenerator
 from broker.store.properties import decode_properties, encode_properties
 from broker.store.topics import (
+    DEFAULT_TOPIC,
     DLQ_GROUP_TOPIC_PREFIX,
     SCHEDULE_TOPIC,
     TRANS_CHECK_MAX_TIME_TOPIC,
@@ -94,12 +97,10 @@ from broker.store.topics import (
 
 log = logging.getLogger(__name__)
 
-LOCK_MAX_LIVE_S = 60.0  # rocketmq.broker.rebalance.lockMaxLiveTime
-MAX_PULL_MESSAGES = 32  # maxTransferCountOnMessageInMemory
-MAX_PULL_BYTES = 256 * 1024  # maxTransferBytesOnMessageInMemory
+# Apache reads it from the JVM system property rocketmq.broker.rebalance.lockMaxLiveTime, not broker.conf
+LOCK_MAX_LIVE_S = 60.0
 RETRY_TOPIC_MAX_LENGTH = 255
 V3_4_9 = 121  # clients at or above honour maxReconsumeTimes from the send-back header
-MAX_QUEUE_NUMS = 1024  # per topic and broker; a bound keeps stats requests from looping for ever
 # TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET: only the broker itself writes these
 NOT_ALLOWED_SEND_TOPICS = frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
                                      "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT"})
@@ -171,8 +172,8 @@ class BrokerCore:
     def __init__(self, store: MessageStore, *, cluster_name: str, broker_name: str, broker_addr: str,
                  max_message_size: int, auto_create_topic: bool = True,
                  on_topics_changed: Callable[[], None] | None = None,
-                 clients: ClientRegistry | None = None, config_text: str = "",
-                 enable_property_filter: bool = False) -> None:
+                 clients: ClientRegistry | None = None, settings: BrokerSettings | None = None,
+                 config_path: str | None = None) -> None:
         self.store = store
         self.cluster_name = cluster_name
         self.broker_name = broker_name
@@ -180,9 +181,8 @@ class BrokerCore:
         self.store_host = Host.parse(broker_addr)
         self.max_message_size = max_message_size
         self.auto_create_topic = auto_create_topic
-        self.config_text = config_text
-        self.enable_property_filter = enable_property_filter  # enablePropertyFilter: SQL92 subscriptions
-        self.clients = clients or ClientRegistry()
+        self.settings = settings or BrokerSettings()  # replaced whole by UPDATE_BROKER_CONFIG
+        self.clients = clients or ClientRegistry(channel_expired_s=self.settings.client_channel_max_idle_time_seconds)
         self.on_topics_changed = on_topics_changed or (lambda: None)
         self._uniq = UniqKeyGenerator(ip=self.store_host.address if len(self.store_host.address) == 4 else None)
         self._locks: dict[tuple[str, MessageQueue], tuple[str, float]] = {}
@@ -215,15 +215,16 @@ class BrokerCore:
             RequestCode.GET_ALL_DELAY_OFFSET: self.get_all_delay_offset,
             RequestCode.GET_TOPIC_STATS_INFO: self.get_topic_stats_info,
             RequestCode.GET_CONSUME_STATS: self.get_consume_stats,
-            RequestCode.GET_BROKER_CONFIG: self.get_broker_config,
         }
         self.stats = BrokerStatsManager(cluster_name)  # tests swap in one with a fake clock
         self._handlers.update(stats_handlers(self))
         self._handlers.update(metadata_handlers(self))
 
         from broker.server.admin_clients import AdminClientHandlers  # it imports this module
+        from broker.server.admin_config import install_config_handlers  # it builds on this module's Reply
 
         self.admin_clients = AdminClientHandlers(self)  # adds the admin requests about connected clients
+        install_config_handlers(self, config_path)
 
     # ---- entry -------------------------------------------------------------------------------------------
     def process(self, req: Request) -> Reply:
@@ -290,7 +291,7 @@ class BrokerCore:
         if is_retry_topic(h.topic):
             config = topics.create_topic_in_send_back(h.topic, 1)
         elif self.auto_create_topic:
-            config = topics.create_topic_in_send_message(h.topic, h.default_topic or "TBW102",
+            config = topics.create_topic_in_send_message(h.topic, h.default_topic or DEFAULT_TOPIC,
                                                          h.default_topic_queue_nums or 4)
         if config is not None:
             self.on_topics_changed()
@@ -415,14 +416,15 @@ class BrokerCore:
                 return _error(ResponseCode.SUBSCRIPTION_NOT_EXIST,
                               f"the consumer's subscription not exist, group: {h.consumer_group}")
             expression_type, expression = sub.expression_type, sub.sub_string
+        s = self.settings
         selects = pull_filter(h.topic, expression_type, expression, from_request=bool(flags & PullSysFlag.SUBSCRIPTION),
-                              enabled=self.enable_property_filter, subscription_of=self.clients.subscription)
+                              enabled=s.enable_property_filter, subscription_of=self.clients.subscription)
         if isinstance(selects, Refusal):
             return _error(selects.code, selects.remark)
         begin = time.monotonic_ns()
         got = self.store.get_messages(h.topic, h.queue_id, h.queue_offset,
-                                      max(1, min(h.max_msg_nums, MAX_PULL_MESSAGES)), MAX_PULL_BYTES, selects.tags,
-                                      selects.properties)
+                                      max(1, min(h.max_msg_nums, s.max_transfer_count_on_message_in_memory)),
+                                      s.max_transfer_bytes_on_message_in_memory, selects.tags, selects.properties)
         found = got.message_count if got.status == GetStatus.FOUND else 0
         self.stats.on_get(h.consumer_group, h.topic, h.queue_id, found, len(got.body),
                           (time.monotonic_ns() - begin) // 1_000_000)
@@ -436,6 +438,10 @@ class BrokerCore:
             self.store.commit_offset(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         if code == ResponseCode.PULL_NOT_FOUND and can_suspend:
             timeout = h.suspend_timeout_millis if h.suspend_timeout_millis and h.suspend_timeout_millis > 0 else 15_000
+            # short polling: held shortPollingTimeMills, then PULL_NOT_FOUND (a message arriving meanwhile still
+            # answers it at once; Apache looks again only when that time is up)
+            if not s.long_polling_enable:
+                timeout = s.short_polling_time_mills
             return Reply(suspend=(h.topic, h.queue_id, h.queue_offset, timeout))
         ext = {"nextBeginOffset": str(got.next_begin_offset), "minOffset": str(got.min_offset),
                "maxOffset": str(got.max_offset), "suggestWhichBrokerId": "0"}
@@ -524,7 +530,7 @@ class BrokerCore:
         """CHECK_CLIENT_CONFIG: can this broker serve the subscription (a SQL92 one needs
         enablePropertyFilter and an expression that compiles)? The Java consumer asks when it starts."""
         body = CheckClientRequestBody.decode(req.body)
-        refusal = check_client_config(body.subscription_data, self.enable_property_filter)
+        refusal = check_client_config(body.subscription_data, self.settings.enable_property_filter)
         if refusal is not None:
             log.info("client %s of %s: %s", body.client_id, body.group, refusal.remark)
             return _error(refusal.code, refusal.remark)
@@ -591,7 +597,7 @@ class BrokerCore:
         for name, value in (("readQueueNums", h.read_queue_nums), ("writeQueueNums", h.write_queue_nums)):
             if not 0 <= value <= MAX_QUEUE_NUMS:
                 return _error(ResponseCode.INVALID_PARAMETER, f"{name} {value} is outside 0..{MAX_QUEUE_NUMS}")
-        if h.topic == "TBW102" or h.topic == self.cluster_name:
+        if h.topic == DEFAULT_TOPIC or h.topic == self.cluster_name:
             return _error(ResponseCode.SYSTEM_ERROR, f"the topic[{h.topic}] is conflict with system reserved words")
         self.store.topics.put(TopicConfig(h.topic, read_queue_nums=h.read_queue_nums,
                                           write_queue_nums=h.write_queue_nums, perm=h.perm,
@@ -637,7 +643,8 @@ class BrokerCore:
     def _last_store_time(self, topic: str, qid: int, offset: int) -> int:
         if offset <= 0:
             return 0
-        got = self.store.get_messages(topic, qid, offset - 1, 1, MAX_PULL_BYTES, None)
+        got = self.store.get_messages(topic, qid, offset - 1, 1, self.settings.max_transfer_bytes_on_message_in_memory,
+                                      None)
         if got.status != GetStatus.FOUND or not got.body:
             return 0
         from broker.store.message import decode_record
@@ -676,9 +683,6 @@ class BrokerCore:
                     pull_offset=consumer, last_timestamp=self._last_store_time(topic, qid, consumer))
         return Reply(body=ConsumeStats(table).encode())
 
-    def get_broker_config(self, req: Request) -> Reply:
-        """``key=value`` lines under broker.conf names, as Apache answers ``mqadmin getBrokerConfig``."""
-        return Reply(body=self.config_text.encode("utf-8"))
 
 
 def _peer_host(peer: str) -> Host:

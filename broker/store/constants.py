@@ -7,6 +7,7 @@ integers on disk are big-endian.
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 
 # --- record magic codes (signed Java ints on disk) -----------------------------------------------
 MESSAGE_MAGIC_CODE_V1 = 0xDAA320A7  # 1-byte topic length
@@ -164,6 +165,19 @@ DELETED_TOPICS_FILE = "rocketlakeDeletedTopics.json"
 
 # --- delay levels ----------------------------------------------------------------------------------
 DEFAULT_MESSAGE_DELAY_LEVEL = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+
+
+class FlushDiskType(StrEnum):
+    """``flushDiskType``: when a put is acknowledged. A ``str`` subclass, so it compares, prints and
+    pickles as the plain broker.conf value."""
+
+    ASYNC_FLUSH = "ASYNC_FLUSH"  # acknowledged once written; fsync every flushIntervalCommitLog ms
+    SYNC_FLUSH = "SYNC_FLUSH"  # acknowledged after fsync (group commit), or FLUSH_DISK_TIMEOUT
+
+
+ASYNC_FLUSH = FlushDiskType.ASYNC_FLUSH
+SYNC_FLUSH = FlushDiskType.SYNC_FLUSH
+FLUSH_DISK_TYPES = tuple(t.value for t in FlushDiskType)
 
 # --- topic names -----------------------------------------------------------------------------------
 TOPIC_NAME_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")

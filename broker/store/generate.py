@@ -275,11 +275,11 @@ class _Generator:
         """config/*.json and checkpoint the way a cleanly stopped broker leaves them."""
         spec = self.spec
         topics = TopicConfigTable()
-        for name, queues in ((special.SCHEDULE_TOPIC, 18), ("SELF_TEST_TOPIC", 1), ("TBW102", 8),
-                             ("BenchmarkTest", 1024), ("OFFSET_MOVED_EVENT", 1), (CLUSTER, 16), (BROKER_NAME, 1),
+        for name, queues in ((special.SCHEDULE_TOPIC, 18), ("SELF_TEST_TOPIC", 1),
+                             (special.DEFAULT_TOPIC, special.DEFAULT_TOPIC_QUEUE_NUMS), ("BenchmarkTest", 1024), ("OFFSET_MOVED_EVENT", 1), (CLUSTER, 16), (BROKER_NAME, 1),
                              (special.TRANS_HALF_TOPIC, 1), (special.TRANS_OP_HALF_TOPIC, 1)):
             topics.put(TopicConfig(name, read_queue_nums=queues, write_queue_nums=queues,
-                                   perm=7 if name in ("TBW102", CLUSTER, BROKER_NAME) else 6))
+                                   perm=7 if name in (special.DEFAULT_TOPIC, CLUSTER, BROKER_NAME) else 6))
         for t in self.topics:
             topics.put(TopicConfig(t, read_queue_nums=spec.queues, write_queue_nums=spec.queues))
         groups = SubscriptionGroupTable()

@@ -20,6 +20,8 @@ TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 DLQ_NUMS_PER_GROUP = 1
+DEFAULT_TOPIC = "TBW102"  # TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC: the template of auto-created topics
+DEFAULT_TOPIC_QUEUE_NUMS = 8  # defaultTopicQueueNums: the queues of DEFAULT_TOPIC when a broker first creates it
 
 # Topics whose records stand in for another topic named by REAL_TOPIC/REAL_QID.
 WRAPPER_TOPICS = frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC})
@@ -31,7 +33,7 @@ SYSTEM_TOPICS = frozenset(
         TRANS_HALF_TOPIC,
         TRANS_OP_HALF_TOPIC,
         TRANS_CHECK_MAX_TIME_TOPIC,
-        "TBW102",
+        DEFAULT_TOPIC,
         "BenchmarkTest",
         "RMQ_SYS_TRACE_TOPIC",
         "SELF_TEST_TOPIC",

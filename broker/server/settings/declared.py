@@ -1,0 +1,198 @@
+"""Every broker setting, declared once: its ``broker.conf`` name, type, default and meaning.
+
+Names are Apache RocketMQ 4.9's (``BrokerConfig``, ``MessageStoreConfig``, ``NettyServerConfig`` field
+names), so an Apache operator's ``broker.conf`` and ``mqadmin updateBrokerConfig`` mean the same here.
+Defaults are Apache's; where ours differ the declaration says why (``differs=``). A few settings are
+our own (``ours=True``): they have no Apache counterpart. ``runtime=True`` marks the settings that
+UPDATE_BROKER_CONFIG may change while the broker runs (:mod:`broker.server.admin_config` applies them);
+every other one needs a restart.
+
+Keys Apache has and we do not implement are in :mod:`broker.server.settings.apache_keys`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import Field, dataclass, field, fields, replace
+from typing import Any
+
+from broker.remoting.codes import MASTER_ID
+from broker.remoting.frame import DEFAULT_MAX_FRAME
+from broker.server.clients import DEFAULT_CHANNEL_EXPIRED_S
+from broker.server.message_store import StoreSettings
+from broker.store.constants import FLUSH_DISK_TYPES
+from broker.store.delay import parse_delay_levels
+
+# The store's own defaults (Apache's MessageStoreConfig values) are the settings' defaults: one copy.
+_STORE = StoreSettings()
+ASYNC_MASTER = "ASYNC_MASTER"  # brokerRole: a master without replicas is the only role we play
+MAX_TOPIC_QUEUE_NUMS = 1024  # per topic and broker; a bound keeps stats requests from looping for ever
+
+
+class SettingsError(ValueError):
+    """A broker setting is unknown, unsupported or has a bad value; the message names the key."""
+
+
+def _s(key: str, default: Any = None, doc: str = "", *, runtime: bool = False, ours: bool = False,
+       differs: str = "", default_factory=None) -> Any:
+    """One declaration. ``differs`` says why our default is not Apache's; ``ours`` marks a key Apache
+    does not have."""
+    meta = {"key": key, "doc": doc, "runtime": runtime, "ours": ours, "differs": differs}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    # ---- identity and network (BrokerConfig, NettyServerConfig) -----------------------------------------
+    broker_cluster_name: str = _s("brokerClusterName", "DefaultCluster", "cluster the broker registers in")
+    broker_name: str = _s("brokerName", "broker-a", "broker name (master and slaves share it)",
+                          differs="Apache uses the host name; a fixed name keeps test stores and routes stable")
+    broker_id: int = _s("brokerId", MASTER_ID, "0 = master (the only role rocketlake plays)")
+    broker_role: str = _s("brokerRole", ASYNC_MASTER, "replication role; only ASYNC_MASTER (no replicas) is supported")
+    broker_ip1: str = _s("brokerIP1", "127.0.0.1", "address written into STOREHOST and registered with the name server",
+                         differs="Apache picks a local interface address; loopback unless configured")
+    listen_port: int = _s("listenPort", 10911, "TCP port of the remoting server",
+                          differs="NettyServerConfig says 8888, but Apache's BrokerStartup sets 10911: we follow it")
+    listen_host: str = _s("listenHost", "127.0.0.1", "address the remoting server binds to", ours=True)
+    namesrv_addr: str = _s("namesrvAddr", "", "name server address(es), host:port;host:port")
+    register_name_server_period: int = _s("registerNameServerPeriod", 30_000,
+                                          "ms between registrations with the name servers (clamped to 10 s..60 s)")
+    request_processes: int = _s("requestProcesses", doc="network processes accepting on the port", ours=True,
+                                default_factory=lambda: max(2, os.cpu_count() or 2))
+    max_frame_length: int = _s("maxFrameLength", DEFAULT_MAX_FRAME, "largest remoting frame accepted, in bytes",
+                               ours=True)
+    # ---- store (MessageStoreConfig) -------------------------------------------------------------------
+    store_path_root_dir: str = _s("storePathRootDir", "", "store directory (commitlog, consumequeue, index, config)",
+                                  differs="Apache defaults to ~/store; ours comes from --store unless set here")
+    mapped_file_size_commit_log: int = _s("mappedFileSizeCommitLog", _STORE.segment_bytes,
+                                          "bytes of one commitlog file")
+    mapped_file_size_consume_queue: int = _s("mappedFileSizeConsumeQueue", _STORE.cq_file_bytes,
+                                             "bytes of one consume queue file (a multiple of 20)")
+    max_hash_slot_num: int = _s("maxHashSlotNum", _STORE.index_slots, "hash slots of one index file")
+    max_index_num: int = _s("maxIndexNum", _STORE.index_entries, "entries of one index file")
+    flush_disk_type: str = _s("flushDiskType", str(_STORE.flush_disk_type), "ASYNC_FLUSH or SYNC_FLUSH (group commit)")
+    flush_interval_commit_log: int = _s("flushIntervalCommitLog", _STORE.flush_interval_ms,
+                                        "ms between commitlog fsyncs (ASYNC_FLUSH)")
+    flush_interval_consume_queue: int = _s("flushIntervalConsumeQueue", _STORE.checkpoint_interval_ms,
+                                           "ms between consume queue/index fsyncs and checkpoint writes")
+    sync_flush_timeout: int = _s("syncFlushTimeout", _STORE.sync_flush_timeout_ms,
+                                 "ms a SYNC_FLUSH put waits for fsync (then FLUSH_DISK_TIMEOUT)")
+    max_message_size: int = _s("maxMessageSize", _STORE.max_message_size, "largest message body accepted, in bytes")
+    message_delay_level: str = _s("messageDelayLevel", _STORE.message_delay_level, "delay of each delay level")
+    flush_consumer_offset_interval: int = _s("flushConsumerOffsetInterval", _STORE.persist_interval_ms,
+                                             "ms between writes of consumer offsets and other config/*.json")
+    check_crc_on_recover: bool = _s("checkCRCOnRecover", _STORE.check_crc_on_recover,
+                                    "verify body CRCs when recovering the commitlog")
+    access_message_in_memory_max_ratio: int = _s("accessMessageInMemoryMaxRatio",
+                                                 _STORE.access_message_in_memory_max_ratio,
+                                                 "% of RAM behind the end beyond which a pull counts as from disk")
+    # ---- topics and groups (BrokerConfig) ---------------------------------------------------------------
+    auto_create_topic_enable: bool = _s("autoCreateTopicEnable", _STORE.auto_create_topic_enable,
+                                        "create unknown topics on first send")
+    auto_create_subscription_group: bool = _s("autoCreateSubscriptionGroup", _STORE.auto_create_subscription_group,
+                                              "create unknown consumer groups on first use")
+    default_topic_queue_nums: int = _s("defaultTopicQueueNums", _STORE.default_topic_queue_nums,
+                                       "queues of TBW102 when the broker first creates it (caps auto-created topics)")
+    # ---- consumption (BrokerConfig, MessageStoreConfig, NettyClientConfig) -------------------------------
+    long_polling_enable: bool = _s("longPollingEnable", True,
+                                   "hold a pull that finds nothing until a message arrives or its timeout",
+                                   runtime=True)
+    short_polling_time_mills: int = _s("shortPollingTimeMills", 1_000,
+                                       "ms a pull that finds nothing is held when longPollingEnable is false",
+                                       runtime=True)
+    max_transfer_count_on_message_in_memory: int = _s("maxTransferCountOnMessageInMemory", 32,
+                                                      "most messages one pull returns", runtime=True)
+    max_transfer_bytes_on_message_in_memory: int = _s("maxTransferBytesOnMessageInMemory", 256 * 1024,
+                                                      "most bytes one pull returns (the first message always goes)",
+                                                      runtime=True)
+    enable_property_filter: bool = _s("enablePropertyFilter", False,
+                                      "accept SQL92 (property) subscriptions and filter pulls by them")
+    client_channel_max_idle_time_seconds: int = _s(
+        "clientChannelMaxIdleTimeSeconds", DEFAULT_CHANNEL_EXPIRED_S,
+        "s without a heartbeat after which a client's registration is dropped (its consumers rebalance); "
+        "Apache closes a channel idle that long, which drops its clients the same way",
+        runtime=True)
+
+    def __post_init__(self) -> None:
+        if self.flush_disk_type not in FLUSH_DISK_TYPES:
+            raise SettingsError(f"flushDiskType must be one of {FLUSH_DISK_TYPES}, got {self.flush_disk_type!r}")
+        if self.broker_id != MASTER_ID:
+            raise SettingsError(f"brokerId {self.broker_id}: not supported by rocketlake: a non-zero id registers a "
+                                f"slave, and it has no replication (only {MASTER_ID}, the master)")
+        if self.broker_role != ASYNC_MASTER:
+            raise SettingsError(f"brokerRole {self.broker_role!r}: not supported by rocketlake: it has no replication, "
+                                f"only {ASYNC_MASTER} (a master without slaves) is")
+        if not 0 < self.listen_port < 65536:
+            raise SettingsError(f"listenPort {self.listen_port} is not a TCP port")
+        if self.request_processes < 1:
+            raise SettingsError("requestProcesses must be >= 1")
+        if not 1 <= self.default_topic_queue_nums <= MAX_TOPIC_QUEUE_NUMS:
+            raise SettingsError(f"defaultTopicQueueNums {self.default_topic_queue_nums} is outside "
+                                f"1..{MAX_TOPIC_QUEUE_NUMS}")
+        for name in ("max_transfer_count_on_message_in_memory", "max_transfer_bytes_on_message_in_memory",
+                     "short_polling_time_mills", "client_channel_max_idle_time_seconds", "flush_interval_commit_log",
+                     "flush_interval_consume_queue", "flush_consumer_offset_interval", "sync_flush_timeout",
+                     "max_message_size", "max_frame_length"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{key_of(name)} must be >= 1, got {getattr(self, name)}")
+        try:
+            parse_delay_levels(self.message_delay_level)
+        except ValueError as exc:
+            raise SettingsError(f"messageDelayLevel: {exc}") from None
+
+    @property
+    def broker_addr(self) -> str:
+        return f"{self.broker_ip1}:{self.listen_port}"
+
+    @property
+    def namesrv_addrs(self) -> list[str]:
+        return [a.strip() for a in self.namesrv_addr.replace(",", ";").split(";") if a.strip()]
+
+    def with_overrides(self, **values: Any) -> "BrokerSettings":
+        return replace(self, **{k: v for k, v in values.items() if v is not None})
+
+
+SETTING_FIELDS: dict[str, Field] = {f.metadata["key"]: f for f in fields(BrokerSettings)}  # broker.conf key → field
+_KEY_OF = {f.name: key for key, f in SETTING_FIELDS.items()}
+_TYPES = {"int": int, "str": str, "bool": bool}
+RUNTIME_KEYS = frozenset(key for key, f in SETTING_FIELDS.items() if f.metadata["runtime"])
+
+
+def key_of(field_name: str) -> str:
+    """``max_message_size`` → ``maxMessageSize``: the broker.conf key of a field."""
+    return _KEY_OF[field_name]
+
+
+def type_of(key: str) -> type:
+    t = SETTING_FIELDS[key].type
+    return _TYPES[t] if isinstance(t, str) else t
+
+
+def format_value(value: Any) -> str:
+    """A value as Java's ``String.valueOf`` prints it (``true``, not ``True``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def settings_dict(settings: BrokerSettings) -> dict[str, str]:
+    """Every effective setting under its broker.conf name, sorted by name, values as text."""
+    return {key: format_value(getattr(settings, SETTING_FIELDS[key].name)) for key in sorted(SETTING_FIELDS)}
+
+
+def convert(key: str, value: Any, source: str) -> Any:
+    """A value from a file or a request, checked against the key's type. Text (properties files,
+    UPDATE_BROKER_CONFIG) is converted with its surrounding blanks dropped; a boolean must be spelled
+    ``true``/``false`` (Java's ``Boolean.parseBoolean`` would quietly read a typo as false)."""
+    want = type_of(key)
+    if isinstance(value, str) and want is not str:
+        text = value.strip()
+        if want is bool and text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        elif want is int and text.lstrip("+-").isdigit():
+            value = int(text)
+    elif isinstance(value, str):
+        value = value.strip()
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        raise SettingsError(f"{source}: {key} must be {want.__name__}, got {value!r}")
+    return value

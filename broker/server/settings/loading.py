@@ -1,0 +1,158 @@
+"""Reading broker settings: our TOML or Apache's own ``broker.conf`` (Java properties), one key table.
+
+``rocketlake broker start -c FILE`` takes either: ``.toml`` is TOML; ``.conf``/``.properties`` is Java
+properties; any other name is TOML if it parses as TOML and properties otherwise. Both go through
+:func:`check_entries`, so a key means the same in either format and in UPDATE_BROKER_CONFIG:
+declared keys are type-checked, Apache keys we do not implement are ignored with a warning (once)
+or refused (see :mod:`~broker.server.settings.apache_keys`), and anything else is an error naming
+the key, with a "did you mean" for a near miss.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from broker.remoting import java_properties
+from broker.server.settings.apache_keys import APACHE_ONLY_KEYS
+from broker.server.settings.declared import SETTING_FIELDS, BrokerSettings, SettingsError, convert, format_value
+
+log = logging.getLogger(__name__)
+
+TOML = "toml"
+PROPERTIES = "properties"
+PROPERTIES_SUFFIXES = (".conf", ".properties")
+_FIELD_NAMES = {f.name: key for key, f in SETTING_FIELDS.items()}  # snake_case spelling, accepted too
+_warned: set[str] = set()
+
+
+def canonical_key(key: str) -> str | None:
+    """The broker.conf name of a declared setting (``maxMessageSize`` or ``max_message_size``), or None."""
+    if key in SETTING_FIELDS:
+        return key
+    return _FIELD_NAMES.get(key)
+
+
+def _suggestion(key: str) -> str:
+    known = [*SETTING_FIELDS, *APACHE_ONLY_KEYS]
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(key.lower(), list(by_lower), n=1, cutoff=0.75)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
+
+
+def unknown_key_message(key: str, source: str) -> str:
+    return f"{source}: unknown broker setting {key!r}{_suggestion(key)}"
+
+
+def refused_key_message(key: str, value: Any, source: str) -> str | None:
+    """Why an Apache-only key with this value is refused, or None when it is harmless."""
+    spec = APACHE_ONLY_KEYS[key]
+    text = format_value(value).strip()
+    if spec.is_harmless(text):
+        return None
+    return f"{source}: {key}={text}: not supported by rocketlake: {spec.reason}"
+
+
+def _warn_ignored(key: str, source: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("%s: %s ignored: %s", source, key, APACHE_ONLY_KEYS[key].reason)
+
+
+def check_entries(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """Declared settings among ``data`` as field name → typed value. Harmless Apache-only keys are
+    dropped (one warning per key and process); refused and unknown keys raise, naming the key."""
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        canonical = canonical_key(key)
+        if canonical is not None:
+            values[SETTING_FIELDS[canonical].name] = convert(canonical, value, source)
+        elif key in APACHE_ONLY_KEYS:
+            refused = refused_key_message(key, value, source)
+            if refused:
+                raise SettingsError(refused)
+            _warn_ignored(key, source)
+        else:
+            raise SettingsError(unknown_key_message(key, source))
+    return values
+
+
+def settings_from_mapping(data: dict[str, Any], source: str = "<settings>") -> BrokerSettings:
+    """Settings from broker.conf keys (or their snake_case field names); values are type-checked."""
+    values = check_entries(data, source)
+    _check_commitlog_path(data, values, source)
+    try:
+        return BrokerSettings(**values)
+    except SettingsError as exc:
+        raise SettingsError(f"{source}: {exc}") from None
+
+
+def _check_commitlog_path(data: dict[str, Any], values: dict[str, Any], source: str) -> None:
+    """``storePathCommitLog`` is harmless only where we put the commitlog anyway."""
+    path = data.get("storePathCommitLog")
+    root = values.get("store_path_root_dir")
+    if path is None or not str(path).strip():
+        return
+    if not root or Path(str(path).strip()).resolve() != (Path(root) / "commitlog").resolve():
+        raise SettingsError(f"{source}: storePathCommitLog={str(path).strip()}: not supported by rocketlake: "
+                            f"the commitlog always lives in <storePathRootDir>/commitlog "
+                            f"(storePathRootDir={root or 'unset'})")
+
+
+def detect_format(path: Path, text: str) -> str:
+    """``.toml`` → TOML, ``.conf``/``.properties`` → properties, else TOML when it parses as TOML."""
+    suffix = path.suffix.lower()
+    if suffix == ".toml":
+        return TOML
+    if suffix in PROPERTIES_SUFFIXES:
+        return PROPERTIES
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return PROPERTIES
+    return TOML
+
+
+def read_config_file(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
+    """``(format, key → value)`` of a broker config file; TOML's ``[broker]`` table if it has one."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise SettingsError(f"broker config {p} does not exist") from None
+    except OSError as exc:
+        raise SettingsError(f"broker config {p}: {exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.decode(java_properties.FILE_ENCODING)
+    fmt = detect_format(p, text)
+    if fmt == PROPERTIES:
+        try:
+            return fmt, java_properties.loads(raw.decode(java_properties.FILE_ENCODING))
+        except java_properties.PropertiesError as exc:
+            raise SettingsError(f"broker config {p}: {exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"broker config {p}: {exc}") from None
+    table = data.get("broker", data)
+    if not isinstance(table, dict):
+        raise SettingsError(f"broker config {p}: [broker] must be a table")
+    return fmt, table
+
+
+def load_settings(path: str | os.PathLike | None, **overrides: Any) -> BrokerSettings:
+    """Read a broker config file (TOML or Apache's broker.conf) and apply command-line overrides."""
+    base = BrokerSettings()
+    if path is not None:
+        _, data = read_config_file(path)
+        base = settings_from_mapping(data, str(path))
+    try:
+        return base.with_overrides(**overrides)
+    except SettingsError as exc:
+        raise SettingsError(f"command line: {exc}") from None
