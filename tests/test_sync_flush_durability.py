@@ -146,7 +146,6 @@ def _open_store(root: Path, flush: str, monkeypatch: pytest.MonkeyPatch, **kw) -
                       message_delay_level="1s", fsync_metadata=False, flush_disk_type=flush, **kw)
     store = MessageStore(root, s)
     store.open()
-    (root / "commitlog").mkdir(exist_ok=True)
     return store, DurabilityProbe(root / "commitlog", monkeypatch)
 
 
