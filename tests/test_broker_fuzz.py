@@ -5,16 +5,19 @@ flipped, replaced, inserted, deleted, truncated or appended, random length prefi
 tiny, past the 16 MiB limit), header lengths past the frame, broken JSON headers, unknown codes,
 bad topic names, over-size bodies and properties. Every connection carries its fuzz bytes (completed
 to a frame boundary) followed by a well-formed probe request, and the outcome is predicted by
-splitting and decoding the same bytes the way the protocol says:
+splitting and reading the same bytes by the protocol's rules, written out in this file
+(remoting-protocol.md §1–3; the broker's own decoder is never asked):
 
 * a frame that cannot be split or decoded ⇒ the broker closes that connection (and only that one);
 * otherwise every request that wants an answer gets a well-formed response with its opaque, and
   the probe is answered (the connection survived).
 
-Afterwards the broker's processes are the same ones as before, a well-formed client still sends
-and pulls, nothing was written outside the store, no topic with an invalid name exists anywhere
-(consume-queue directories, topics.json), and the store verifies clean after a clean stop.
-Randomness is seeded; the run is bounded in cases and time.
+Every case is sent and checked: the run is a fixed count of cases from a fixed seed, never cut
+short by a clock. A well-formed client is served every few hundred cases and at the end; every
+record the run added to the commitlog comes from a frame the rules accept. Afterwards the broker's
+processes are the same ones as before, a well-formed client still sends and pulls, nothing was
+written outside the store, no topic with an invalid name exists anywhere (consume-queue
+directories, topics.json), and the store verifies clean after a clean stop.
 """
 
 from __future__ import annotations
@@ -57,13 +60,13 @@ SEED = 0xF022
 SEGMENT = 8 * 1024 * 1024
 CONFIG = {"mappedFileSizeCommitLog": SEGMENT, "mappedFileSizeConsumeQueue": 6000,
           "maxHashSlotNum": 1000, "maxIndexNum": 4000}
-MUTATED_CASES = 6000
-STRUCTURED_CASES = 6000
+MUTATED_CASES = 5000
+STRUCTURED_CASES = 5000
 RANDOM_CASES = 1000
 MULTI_FRAME_CASES = 1000
+GOOD_CLIENT_EVERY = 500  # cases between two sends of a well-formed client
 WORKERS = 8
 READ_TIMEOUT_S = 15.0
-FUZZ_TIME_BUDGET_S = 75.0
 PROBE_CODE = 9999  # not a request code: the broker answers REQUEST_CODE_NOT_SUPPORTED
 TOPIC = "FuzzTopic"
 BAD_TOPICS = ["../../etc", "a/b", "x" * 300, "..", ".", "/abs", "a b", "a\nb", "abc\n", "t\x00t", "%RETRY%a/b",
@@ -188,19 +191,26 @@ HEARTBEAT = {"clientID": "127.0.0.1@fuzz", "producerDataSet": [{"groupName": "Fu
                                                            "classFilterMode": False}]}]}
 LOCK = {"consumerGroup": "FuzzCG", "clientId": "127.0.0.1@fuzz",
         "mqSet": [{"topic": TOPIC, "brokerName": "broker-a", "queueId": 0}]}
+HEARTBEAT_BODY = json.dumps(HEARTBEAT).encode()
+_SEND_EXT, _SEND_EXT_Q1, _SEND_EXT_V2 = send_ext(), send_ext(queue_id=1), send_ext(v2=True)
+_BATCH_EXT, _PULL_EXT = send_ext(v2=True, batch=True, props=""), pull_ext()
+LOCK_BODY = json.dumps(LOCK).encode()
 
 
-def base_requests(opaque: int) -> list[RemotingCommand]:
-    """One well-formed request of (nearly) every code the broker serves, to be mutated."""
+def base_specs(tag: str = "") -> list[tuple[int, dict, bytes]]:
+    """``(code, extFields, body)`` of one well-formed request of (nearly) every code the broker
+    serves, to be mutated. ``tag`` makes every message body (and batch item body) unique to one case
+    and frame, so what reaches the commitlog can be traced to the frame that sent it. The header
+    dicts are shared between calls: copy one before changing it."""
     q = {"consumerGroup": "FuzzCG", "topic": TOPIC, "queueId": "0"}
-    batch = encode_batch([BatchItem(b"b1", "KEYS\x01bk1\x02UNIQ_KEY\x01FUZZB1"),
-                          BatchItem(b"b2", "KEYS\x01bk2\x02UNIQ_KEY\x01FUZZB2")])
+    batch = encode_batch([BatchItem(f"b1 {tag}".encode(), "KEYS\x01bk1\x02UNIQ_KEY\x01FUZZB1"),
+                          BatchItem(f"b2 {tag}".encode(), "KEYS\x01bk2\x02UNIQ_KEY\x01FUZZB2")])
     reqs = [
-        (RequestCode.SEND_MESSAGE, send_ext(), b"fuzz body"),
-        (RequestCode.SEND_MESSAGE, send_ext(queue_id=1), b"x" * 200),
-        (RequestCode.SEND_MESSAGE_V2, send_ext(v2=True), b"fuzz body v2"),
-        (RequestCode.SEND_BATCH_MESSAGE, send_ext(v2=True, batch=True, props=""), batch),
-        (RequestCode.PULL_MESSAGE, pull_ext(), b""),
+        (RequestCode.SEND_MESSAGE, _SEND_EXT, f"fuzz body {tag}".encode()),
+        (RequestCode.SEND_MESSAGE, _SEND_EXT_Q1, f"{tag} ".encode() + b"x" * 200),
+        (RequestCode.SEND_MESSAGE_V2, _SEND_EXT_V2, f"fuzz body v2 {tag}".encode()),
+        (RequestCode.SEND_BATCH_MESSAGE, _BATCH_EXT, batch),
+        (RequestCode.PULL_MESSAGE, _PULL_EXT, b""),
         (RequestCode.QUERY_CONSUMER_OFFSET, q, b""),
         (RequestCode.UPDATE_CONSUMER_OFFSET, {**q, "commitOffset": "1"}, b""),
         (RequestCode.GET_MAX_OFFSET, {"topic": TOPIC, "queueId": "0"}, b""),
@@ -211,13 +221,13 @@ def base_requests(opaque: int) -> list[RemotingCommand]:
         (RequestCode.VIEW_MESSAGE_BY_ID, {"offset": "0"}, b""),
         (RequestCode.QUERY_MESSAGE, {"topic": TOPIC, "key": "k1", "maxNum": "8", "beginTimestamp": "0",
                                      "endTimestamp": "9999999999999"}, b""),
-        (RequestCode.HEART_BEAT, {}, json.dumps(HEARTBEAT).encode()),
+        (RequestCode.HEART_BEAT, {}, HEARTBEAT_BODY),
         (RequestCode.UNREGISTER_CLIENT, {"clientID": "127.0.0.1@fuzz", "producerGroup": "FuzzPG"}, b""),
         (RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "FuzzCG"}, b""),
         (RequestCode.CONSUMER_SEND_MSG_BACK, {"offset": "0", "group": "FuzzCG", "delayLevel": "1",
                                               "originMsgId": "X", "originTopic": TOPIC}, b""),
-        (RequestCode.LOCK_BATCH_MQ, {}, json.dumps(LOCK).encode()),
-        (RequestCode.UNLOCK_BATCH_MQ, {}, json.dumps(LOCK).encode()),
+        (RequestCode.LOCK_BATCH_MQ, {}, LOCK_BODY),
+        (RequestCode.UNLOCK_BATCH_MQ, {}, LOCK_BODY),
         (RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": "FuzzCreated", "defaultTopic": "TBW102",
                                                "readQueueNums": "2", "writeQueueNums": "2", "perm": "6",
                                                "topicFilterType": "SINGLE_TAG"}, b""),
@@ -229,11 +239,16 @@ def base_requests(opaque: int) -> list[RemotingCommand]:
         (RequestCode.GET_ALL_CONSUMER_OFFSET, {}, b""),
         (RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": TOPIC}, b""),
     ]
-    out = []
-    for i, (code, ext, body) in enumerate(reqs):
-        out.append(request(code, ext, body, opaque=opaque + i))
-        out.append(request(code, ext, body, opaque=opaque + 1000 + i, binary=True))
-    return out
+    return reqs
+
+
+BASE_SPEC_COUNT = len(base_specs())
+
+
+def base_frame(index: int, opaque: int, tag: str) -> bytes:
+    """Base request ``index // 2`` of :func:`base_specs`, JSON header (even) or binary (odd)."""
+    code, ext, body = base_specs(tag)[index // 2]
+    return request(code, ext, body, opaque=opaque + index, binary=bool(index % 2)).encode()
 
 
 # Header values the structured fuzzer plants (no lone surrogates: they cannot be sent as UTF-8).
@@ -250,8 +265,8 @@ CODES = [code for code in RequestCode if code < 1000] + [9999, -1, 0]
 def structured(rng: random.Random, opaque: int) -> bytes:
     """A well-formed frame with a hostile request inside: odd header values, missing or extra
     fields, one request's header under another code, junk bodies, odd flags/language/version."""
-    specs = [(c.code, dict(c.ext_fields), c.body) for c in base_requests(0)[::2]]
-    code, ext, body = rng.choice(specs)
+    code, ext, body = rng.choice(base_specs(f"s{opaque}"))
+    ext = dict(ext)
     flag, language, version, binary = 0, "JAVA", 401, rng.random() < 0.2
     for _ in range(rng.randint(1, 4)):
         op = rng.randrange(7)
@@ -265,7 +280,7 @@ def structured(rng: random.Random, opaque: int) -> bytes:
             code = rng.choice(CODES)
         elif op == 5:
             body = rng.choice([b"", b"{}", b"[]", b"null", b'{"a":', b"\xff" * 10, bytes(rng.randrange(256)
-                               for _ in range(64)), json.dumps(HEARTBEAT).encode(), json.dumps(LOCK).encode(),
+                               for _ in range(64)), HEARTBEAT_BODY, LOCK_BODY,
                                json.dumps({"groupName": rng.choice(VALUES)}).encode(), b"{" * 5000,
                                bytes(100_000), json.dumps({"consumerGroup": "FuzzCG", "clientId": "c",
                                                            "mqSet": [{"topic": TOPIC, "queueId": 1}] * 200}).encode()])
@@ -285,14 +300,155 @@ def structured(rng: random.Random, opaque: int) -> bytes:
 
 
 # =====================================================================================================
-# prediction: split and decode the bytes like the protocol says
+# prediction: the protocol's rules, written out here — the broker's own decoder is never consulted
 # =====================================================================================================
+# remoting-protocol.md §1: the frame. Written as literals on purpose: the expectation must not come
+# from the code under test (the broker runs with maxFrameLength at its default, 16 MiB).
+RULE_MAX_FRAME = 16 * 1024 * 1024  # frameMaxLength default; a larger N is refused
+RULE_MIN_FRAME = 4  # N counts the 4-byte header-length word at least
+RULE_TYPE_JSON, RULE_TYPE_ROCKETMQ = 0, 1  # high byte of the header-length word
+RULE_INT32 = (-(1 << 31), (1 << 31) - 1)
+RULE_RESPONSE_BIT, RULE_ONEWAY_BIT = 1, 2  # §2 flag bits: neither is answered
+RULE_PARKED_CODES = {11, 361}  # PULL_MESSAGE, LITE_PULL_MESSAGE: may be held as long polls
+_RULE_INT_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*")
+_RULE_FIXED = struct.Struct(">hbhii")  # §3: code, language, version, opaque, flag
+_RULE_I32 = struct.Struct(">i")
+_RULE_I16 = struct.Struct(">h")
+
+
+class Broken(Exception):
+    """The rules say this frame cannot be read: the broker must close the connection."""
+
+
+@dataclass(frozen=True)
+class RuleFrame:
+    code: int
+    opaque: int
+    flag: int
+    body: bytes
+
+
+def _rule_utf8(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")  # strict: invalid sequences and encoded surrogates are refused
+    except UnicodeDecodeError:
+        raise Broken(f"{what} is not UTF-8") from None
+
+
+def _rule_reject_constant(name: str):
+    raise Broken(f"{name} is not JSON (RFC 8259)")
+
+
+def _rule_json_int(header: dict, key: str, required: bool) -> int:
+    """§2 integer fields: a JSON integer, an integral number, or a numeric string (fastjson coerces
+    those into int fields); never a boolean; must fit Java's 32-bit int."""
+    value = header.get(key)
+    if value is None:
+        if required:
+            raise Broken(f"no {key!r}")
+        return 0
+    if isinstance(value, bool):
+        raise Broken(f"{key!r} is a boolean")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise Broken(f"{key!r} = {value} is not an integer")
+        value = int(value)
+    elif isinstance(value, str):
+        if not _RULE_INT_TEXT.fullmatch(value) or len(value.strip().lstrip("+-")) > 40:
+            raise Broken(f"{key!r} = {value!r:.30} is not an integer")
+        value = int(value)
+    elif not isinstance(value, int):
+        raise Broken(f"{key!r} is a {type(value).__name__}")
+    if not RULE_INT32[0] <= value <= RULE_INT32[1]:
+        raise Broken(f"{key!r} = {value} does not fit an int")
+    return value
+
+
+def rule_json_header(raw: bytes) -> tuple[int, int, int]:
+    """§2: UTF-8 JSON text (strict RFC 8259: no NaN/Infinity, no raw control characters) whose root
+    is an object with a ``code``; ``language`` a string or a language number, ``remark`` a string or
+    a number, ``extFields`` an object (values of any JSON type are kept as text); null = absent."""
+    text = _rule_utf8(raw, "JSON header")
+    try:
+        header = json.loads(text, parse_constant=_rule_reject_constant)
+    except RecursionError:
+        raise Broken("JSON nested too deeply to be a header") from None
+    except ValueError:  # not JSON, or a number too long to convert
+        raise Broken("JSON header does not parse") from None
+    if not isinstance(header, dict):
+        raise Broken(f"JSON header is a {type(header).__name__}")
+    if "code" not in header:
+        raise Broken("JSON header has no code")
+    language = header.get("language")
+    if language is not None and not isinstance(language, str) and (isinstance(language, bool)
+                                                                    or not isinstance(language, int)):
+        raise Broken("language is neither a name nor a number")
+    remark = header.get("remark")
+    if remark is not None and not isinstance(remark, str) and (isinstance(remark, bool)
+                                                                or not isinstance(remark, (int, float))):
+        raise Broken("remark is not text")
+    ext = header.get("extFields")
+    if ext is not None and not isinstance(ext, dict):
+        raise Broken("extFields is not an object")
+    _rule_json_int(header, "version", False)
+    return (_rule_json_int(header, "code", True), _rule_json_int(header, "opaque", False),
+            _rule_json_int(header, "flag", False))
+
+
+def rule_binary_header(raw: bytes) -> tuple[int, int, int]:
+    """§3: 13 fixed bytes, remark (int length ≥ 0, UTF-8), extFields (int byte length ≥ 0 holding
+    whole ``short keyLen, key, int valueLen, value`` entries, UTF-8), and nothing after them."""
+    pos = 0
+
+    def take(n: int, what: str) -> bytes:
+        nonlocal pos
+        if n < 0 or pos + n > len(raw):
+            raise Broken(f"binary header: {what} of {n} bytes at {pos} does not fit {len(raw)}")
+        pos += n
+        return raw[pos - n:pos]
+
+    code, _language, _version, opaque, flag = _RULE_FIXED.unpack(take(_RULE_FIXED.size, "fixed fields"))
+    _rule_utf8(take(_RULE_I32.unpack(take(4, "remark length"))[0], "remark"), "remark")
+    ext = take(_RULE_I32.unpack(take(4, "extFields length"))[0], "extFields")
+    epos = 0
+    while epos < len(ext):
+        def etake(n: int, what: str) -> bytes:
+            nonlocal epos
+            if n < 0 or epos + n > len(ext):
+                raise Broken(f"binary header: extFields {what} of {n} bytes overruns the extFields length")
+            epos += n
+            return ext[epos - n:epos]
+        _rule_utf8(etake(_RULE_I16.unpack(etake(2, "key length"))[0], "key"), "extFields key")
+        _rule_utf8(etake(_RULE_I32.unpack(etake(4, "value length"))[0], "value"), "extFields value")
+    if pos != len(raw):
+        raise Broken(f"binary header: {len(raw) - pos} bytes after the extFields")
+    return code, opaque, flag
+
+
+def rule_frame(payload: bytes) -> RuleFrame:
+    """§1: header-length word = serialize type (high byte) | header length (low 24 bits), the
+    header length within the frame, the type JSON or ROCKETMQ; the rest of the frame is the body."""
+    word = _RULE_I32.unpack_from(payload, 0)[0] & 0xFFFFFFFF  # N >= 4 was checked by the caller
+    kind, header_length = word >> 24, word & 0xFFFFFF
+    if header_length > len(payload) - 4:
+        raise Broken(f"header length {header_length} > {len(payload) - 4} bytes left in the frame")
+    header = payload[4:4 + header_length]
+    if kind == RULE_TYPE_JSON:
+        code, opaque, flag = rule_json_header(header)
+    elif kind == RULE_TYPE_ROCKETMQ:
+        code, opaque, flag = rule_binary_header(header)
+    else:
+        raise Broken(f"serialize type {kind}")
+    return RuleFrame(code, opaque, flag, payload[4 + header_length:])
+
+
 @dataclass
 class Expectation:
     closes: bool = False  # the broker must close the connection
     answers: list[int] = field(default_factory=list)  # opaques that must be answered
     quiet: set[int] = field(default_factory=set)  # opaques that may or may not be answered (long polls)
     reason: str = ""
+    bodies: list[bytes] = field(default_factory=list)  # bodies of the frames the broker may act on
 
 
 def complete(data: bytes) -> bytes:
@@ -306,7 +462,7 @@ def complete(data: bytes) -> bytes:
             data += bytes(4 - left)  # completes the length prefix, then pads like any other frame
             continue
         (length,) = _LEN.unpack_from(data, pos)
-        if length < 4 or length > DEFAULT_MAX_FRAME:
+        if length < RULE_MIN_FRAME or length > RULE_MAX_FRAME:
             return data
         if left - 4 < length:
             return data + bytes(length - (left - 4))
@@ -314,25 +470,27 @@ def complete(data: bytes) -> bytes:
 
 
 def predict(data: bytes) -> Expectation:
+    """Split ``data`` into frames and read each by the rules above; the first frame that breaks one
+    ends the connection (no frame after it is read). ``data`` ends on a frame boundary."""
     exp = Expectation()
     pos = 0
     while pos < len(data):
         (length,) = _LEN.unpack_from(data, pos)
-        if length < 4 or length > DEFAULT_MAX_FRAME:
-            exp.closes, exp.reason = True, f"frame length {length}"
-            return exp
         try:
-            cmd = RemotingCommand.decode(data[pos + 4:pos + 4 + length])
-        except ProtocolError as exc:
-            exp.closes, exp.reason = True, exc.detail
+            if not RULE_MIN_FRAME <= length <= RULE_MAX_FRAME:
+                raise Broken(f"frame length {length}")
+            frame = rule_frame(data[pos + 4:pos + 4 + length])
+        except Broken as exc:
+            exp.closes, exp.reason = True, str(exc)
             return exp
         pos += 4 + length
-        if cmd.flag & RESPONSE_FLAG or cmd.flag & ONEWAY_FLAG:
+        exp.bodies.append(frame.body)
+        if frame.flag & (RULE_RESPONSE_BIT | RULE_ONEWAY_BIT):
             continue  # the broker answers neither responses nor oneway requests
-        if cmd.code in (RequestCode.PULL_MESSAGE, RequestCode.LITE_PULL_MESSAGE):
-            exp.quiet.add(cmd.opaque)  # may be parked as a long poll for as long as it asked
+        if frame.code in RULE_PARKED_CODES:
+            exp.quiet.add(frame.opaque)  # may be parked as a long poll for as long as it asked
         else:
-            exp.answers.append(cmd.opaque)
+            exp.answers.append(frame.opaque)
     return exp
 
 
@@ -500,6 +658,7 @@ def test_invalid_topics_are_refused_and_create_nothing(cluster: Cluster) -> None
                 assert resp.remark, (topic, code)
             queue = {"topic": topic, "queueId": "0"}
             for j, (code, ext) in enumerate([(RequestCode.PULL_MESSAGE, pull_ext(topic=topic)),
+                                             (RequestCode.QUERY_CONSUMER_OFFSET, {**queue, "consumerGroup": "FuzzCG"}),
                                              (RequestCode.GET_MAX_OFFSET, queue),
                                              (RequestCode.GET_MIN_OFFSET, queue),
                                              (RequestCode.GET_EARLIEST_MSG_STORETIME, queue),
@@ -643,11 +802,13 @@ class Case:
 
 
 def build_cases(rng: random.Random) -> list[Case]:
-    bases = [c.encode() for c in base_requests(opaque=1 << 20)]
+    """Every case of the run, from the seed alone (the same list on every run)."""
+    def base(tag: str) -> bytes:
+        return base_frame(rng.randrange(2 * BASE_SPEC_COUNT), 1 << 20, tag)
+
     cases = []
     for n in range(MUTATED_CASES):
-        base = rng.choice(bases)
-        cases.append(Case(f"mutated-{n}", complete(mutate(rng, base))))
+        cases.append(Case(f"mutated-{n}", complete(mutate(rng, base(f"m{n}")))))
     for n in range(RANDOM_CASES):
         size = rng.choice([1, 3, 4, 7, 8, 16, 64, 300, 2000])
         data = bytearray(rng.randrange(256) for _ in range(size))
@@ -656,20 +817,19 @@ def build_cases(rng: random.Random) -> list[Case]:
         data = bytes(data)
         cases.append(Case(f"random-{n}", complete(data)))
     for n in range(MULTI_FRAME_CASES):
-        frames = [rng.choice(bases) if rng.random() < 0.4 else complete(mutate(rng, rng.choice(bases)))
-                  for _ in range(rng.randint(2, 6))]
+        frames = [base(f"u{n}.{k}") if rng.random() < 0.4 else complete(mutate(rng, base(f"u{n}.{k}")))
+                  for k in range(rng.randint(2, 6))]
         cases.append(Case(f"multi-{n}", b"".join(frames)))
     for n in range(STRUCTURED_CASES):
         cases.append(Case(f"structured-{n}", structured(rng, (1 << 21) + n)))
     for n, topic in enumerate(BAD_TOPICS):
-        cases.append(Case(f"bad-topic-{n}", request(RequestCode.SEND_MESSAGE, send_ext(topic=topic), b"b",
-                                                    opaque=n).encode()))
+        cases.append(Case(f"bad-topic-{n}", request(RequestCode.SEND_MESSAGE, send_ext(topic=topic),
+                                                    f"bad topic {n}".encode(), opaque=n).encode()))
     rng.shuffle(cases)
     return cases
 
 
-def run_case(port: int, case: Case, probe_opaque: int) -> tuple[str, str]:
-    exp = predict(case.data)
+def run_case(port: int, case: Case, exp: Expectation, probe_opaque: int) -> tuple[str, str]:
     if probe_opaque in exp.answers or probe_opaque in exp.quiet:
         probe_opaque += 1 << 29
     conn = Raw(port)
@@ -697,36 +857,80 @@ def run_case(port: int, case: Case, probe_opaque: int) -> tuple[str, str]:
         conn.close()
 
 
+def good_client_send(c: Cluster, n: int) -> bytes:
+    """A well-formed client on a new connection: its send is stored (SUCCESS, a queue offset), and
+    the broker's processes are still the ones it started with. Returns the body sent."""
+    assert_alive(c)
+    body = f"good client {n}".encode()
+    conn = Raw(c.broker.port)
+    try:
+        resp = conn.call(request(RequestCode.SEND_MESSAGE, send_ext(topic="FuzzGoodTopic"), body, opaque=n))
+    finally:
+        conn.close()
+    assert resp.code == ResponseCode.SUCCESS and int(resp.ext_fields["queueOffset"]) >= 0, resp
+    return body
+
+
 def test_random_and_mutated_frames(cluster: Cluster) -> None:
+    """Every generated case is sent and checked (a count, not a time budget). A well-formed client
+    is served every GOOD_CLIENT_EVERY cases and at the end; afterwards every record the run added to
+    the commitlog must come from a frame the rules accept (or be the broker's copy of an earlier
+    record: send-back, delayed delivery), never from a frame they refuse or one after it."""
+    built = time.monotonic()
     rng = random.Random(SEED)
     cases = build_cases(rng)
+    expectations = [predict(case.data) for case in cases]
+    log_start = CommitLog.open(cluster.store, SEGMENT).data_end()
     started = time.monotonic()
     outcomes: Counter = Counter()
     failures: list[str] = []
+    good_bodies: list[bytes] = []
     lock = threading.Lock()
 
-    def one(item: tuple[int, Case]) -> None:
-        n, case = item
-        if time.monotonic() - started > FUZZ_TIME_BUDGET_S:
-            kind = "skipped (time budget)"
-        else:
-            try:
-                kind, _ = run_case(cluster.broker.port, case, 0x40000000 + n)
-            except (AssertionError, TimeoutError, OSError, ProtocolError) as exc:
-                kind = "failed"
+    def one(n: int) -> None:
+        case = cases[n]
+        try:
+            kind, _ = run_case(cluster.broker.port, case, expectations[n], 0x40000000 + n)
+            if n % GOOD_CLIENT_EVERY == 0:
+                body = good_client_send(cluster, n)
                 with lock:
-                    failures.append(f"{case.name}: {type(exc).__name__}: {exc} (data {case.data[:120]!r})")
+                    good_bodies.append(body)
+        except (AssertionError, TimeoutError, OSError, ProtocolError) as exc:
+            kind = "failed"
+            with lock:
+                failures.append(f"{case.name}: {type(exc).__name__}: {exc} (data {case.data[:120]!r})")
         with lock:
             outcomes[kind] += 1
 
     with ThreadPoolExecutor(WORKERS) as pool:
-        list(pool.map(one, enumerate(cases)))
+        list(pool.map(one, range(len(cases))))
+    good_bodies.append(good_client_send(cluster, len(cases)))
     elapsed = time.monotonic() - started
-    print(f"\nfuzz: {len(cases)} connections in {elapsed:.1f} s: {dict(outcomes)}")
+    print(f"\nfuzz: {len(cases)} cases built and predicted in {started - built:.1f} s, sent and checked in "
+          f"{elapsed:.1f} s: {dict(outcomes)}, {len(good_bodies)} good-client sends")
     assert not failures, f"{len(failures)} cases failed:\n" + "\n".join(failures[:15])
-    assert outcomes.get("closed", 0) > 100 and outcomes.get("answered", 0) > 100, outcomes
-    assert outcomes.get("skipped (time budget)", 0) < len(cases) // 2, outcomes
-    assert_alive(cluster)
+    assert sum(outcomes.values()) == len(cases) == \
+        MUTATED_CASES + RANDOM_CASES + MULTI_FRAME_CASES + STRUCTURED_CASES + len(BAD_TOPICS)
+    assert outcomes["closed"] == sum(e.closes for e in expectations) > 1000, outcomes
+    assert outcomes["answered"] == len(cases) - outcomes["closed"] > 1000, outcomes
+    assert len(good_bodies) == len(range(0, len(cases), GOOD_CLIENT_EVERY)) + 1
+
+    accepted = {body for e in expectations for body in e.bodies}
+    inside_accepted = b"\x00\xff\x00".join(accepted)  # a batch item's body lies inside its frame's body
+    seen: set[bytes] = set()
+    added: set[bytes] = set()
+    strays = []
+    for rec in CommitLog.open(cluster.store, SEGMENT).iter_records():
+        if rec.physical_offset >= log_start:
+            added.add(rec.body)
+            if rec.body not in seen and rec.body not in good_bodies and rec.body not in accepted \
+                    and rec.body not in inside_accepted:
+                strays.append((rec.physical_offset, rec.topic, rec.body[:80]))
+        seen.add(rec.body)
+    print(f"fuzz: {len(added)} records added to the commitlog, read back in {time.monotonic() - started - elapsed:.1f} s")
+    assert set(good_bodies) <= added, "a good client's send is missing from the commitlog"
+    assert len(added - set(good_bodies)) > 100, "too few fuzzed sends were stored for the check to mean much"
+    assert not strays, f"{len(strays)} records stored from frames the rules refuse: {strays[:10]}"
 
 
 # =====================================================================================================

@@ -9,9 +9,9 @@ import pytest
 from broker.client import Admin, Message, MQClientError, Producer, PullConsumer, PullStatus, PushConsumer
 from broker.client.consumer import allocate_averagely
 from broker.client.producer import LatencyFaultTolerance
-from broker.remoting.bodies import MessageQueue
+from broker.remoting.bodies import ConsumeFromWhere, MessageQueue
 from broker.store.config_files import SubscriptionGroupConfig
-from tests.broker_harness import cluster, drain
+from tests.broker_harness import Recorder, cluster, drain, stored_messages, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,9 @@ def test_producer_styles_and_pull_consumer(broker):
                    for i in range(5)]
         assert len({r.queue for r in ordered}) == 1
         assert [r.queue_offset for r in ordered] == list(range(ordered[0].queue_offset, ordered[0].queue_offset + 5))
-    time.sleep(0.5)  # oneway sends have no answer to wait for
+    with Admin(broker.namesrv) as admin:  # oneway sends have no answer: wait until the queues hold all of them
+        wait_until(lambda: stored_messages(admin, broker.addr, "PyTopic") >= 91, "91 messages in PyTopic's queues")
+        assert stored_messages(admin, broker.addr, "PyTopic") == 50 + 20 + 10 + 5 + 1 + 5
     with PullConsumer("CG_PULL", broker.namesrv) as consumer:
         msgs = drain(consumer, "PyTopic")
         by_idx = {m.properties["idx"]: m for m in msgs}
@@ -67,40 +69,40 @@ def test_push_consumer_and_retry_to_dlq(broker):
     with Admin(broker.namesrv) as admin:
         admin.create_subscription_group(broker.addr, SubscriptionGroupConfig("CG_FAIL", retry_max_times=1))
         admin.create_topic(broker.addr, "PushTopic", queues=2)
-    seen = []
-    ok = PushConsumer("CG_OK", broker.namesrv, lambda m: seen.append(m.payload), topic="PushTopic")
-    bad_calls = []
+        assert admin.wait_writable("PushTopic")  # routed: the consumers' first rebalance assigns its queues
+    seen = Recorder()
+    bad_calls = Recorder()
 
     def fail(m):
-        bad_calls.append((m.properties.get("idx"), m.reconsume_times))
+        bad_calls.add((m.properties.get("idx"), m.reconsume_times))
         raise RuntimeError("cannot handle")
 
-    bad = PushConsumer("CG_FAIL", broker.namesrv, fail, topic="PushTopic")
+    # from the first offset: a send that lands before a consumer's queues are assigned is still consumed
+    first = ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+    ok = PushConsumer("CG_OK", broker.namesrv, lambda m: seen.add(m.payload), topic="PushTopic", consume_from=first)
+    bad = PushConsumer("CG_FAIL", broker.namesrv, fail, topic="PushTopic", consume_from=first)
     ok.start()
     bad.start()
     try:
-        time.sleep(1.0)
         with Producer("PG_PUSH", broker.namesrv) as producer:
             for i in range(10):
                 producer.send(Message("PushTopic", f"push-{i}".encode(), properties={"idx": str(i)}))
-        deadline = time.time() + 40
-        while time.time() < deadline and (len(seen) < 10 or len(bad_calls) < 20):
-            time.sleep(0.2)
+        deadline = time.monotonic() + 40
+        seen.wait_for(10, deadline)
+        bad_calls.wait_for(20, deadline)
+        with Admin(broker.namesrv) as admin:  # the last failure's send-back puts the DLQ record
+            wait_until(lambda: stored_messages(admin, broker.addr, "%DLQ%CG_FAIL") >= 10, "10 DLQ records",
+                       max(1.0, deadline - time.monotonic()))
     finally:
         ok.shutdown()
         bad.shutdown()
-    assert sorted(seen) == sorted(f"push-{i}".encode() for i in range(10))
+    assert sorted(seen.items) == sorted(f"push-{i}".encode() for i in range(10))
     # retryMaxTimes 1: each message is tried once, redelivered once from %RETRY%, then goes to the DLQ
-    assert sorted(bad_calls) == sorted([(str(i), 0) for i in range(10)] + [(str(i), 1) for i in range(10)])
+    assert sorted(bad_calls.items) == sorted([(str(i), 0) for i in range(10)] + [(str(i), 1) for i in range(10)])
+    with Admin(broker.namesrv) as admin:
+        assert admin.wait_writable("%DLQ%CG_FAIL")  # the reader finds the DLQ topic by its route
     with PullConsumer("CG_DLQ_READER", broker.namesrv) as reader:
-        deadline = time.time() + 10
-        dlq = []
-        while time.time() < deadline and len(dlq) < 10:
-            try:
-                dlq = drain(reader, "%DLQ%CG_FAIL")
-            except MQClientError:
-                pass
-            time.sleep(0.3)
+        dlq = drain(reader, "%DLQ%CG_FAIL")
         assert sorted(int(m.properties["idx"]) for m in dlq) == list(range(10))
         assert all(m.properties["RETRY_TOPIC"] == "PushTopic" and m.reconsume_times == 2 for m in dlq)
     with Admin(broker.namesrv) as admin:

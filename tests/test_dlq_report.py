@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,8 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
-from broker.client import Admin, Message, MQClientError, Producer, PullConsumer, PushConsumer
+from broker.client import Admin, Message, Producer, PullConsumer, PushConsumer
+from broker.remoting.bodies import ConsumeFromWhere
 from broker.store.config_files import SubscriptionGroupConfig
 from broker.store.constants import (
     PROPERTY_DELAY,
@@ -39,7 +39,7 @@ from pipelines.lake import replace_arrow
 from pipelines.reports.dlq import dlq_messages, dlq_summary, exact_percentile, run_dlq_report
 from schemas.messages import MESSAGES_SCHEMA
 from schemas.reports import DLQ_MESSAGES_SCHEMA, DLQ_MESSAGES_TABLE, DLQ_SUMMARY_SCHEMA, DLQ_SUMMARY_TABLE
-from tests.broker_harness import cluster, drain
+from tests.broker_harness import Recorder, cluster, drain, stored_messages, wait_until
 
 UTC = dt.timezone.utc
 TOPIC = "DlqTopic"
@@ -61,39 +61,40 @@ def failing_store(tmp_path_factory):
             for group, max_times in GROUPS.items():
                 admin.create_subscription_group(broker.addr, SubscriptionGroupConfig(group, retry_max_times=max_times))
             admin.create_topic(broker.addr, TOPIC, queues=2)
-        calls: Counter = Counter()
+        calls = {g: Recorder() for g in GROUPS}
 
         def failing(group):
             def listener(msg):
-                calls[group] += 1
+                calls[group].add(msg.offset_msg_id)
                 raise RuntimeError("poison message")
             return listener
 
-        consumers = [PushConsumer(g, broker.namesrv, failing(g), topic=TOPIC) for g in GROUPS]
+        # from the first offset: a send that lands before a group's queues are assigned is still consumed
+        consumers = [PushConsumer(g, broker.namesrv, failing(g), topic=TOPIC,
+                                  consume_from=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET) for g in GROUPS]
+        with Admin(broker.namesrv) as admin:
+            assert admin.wait_writable(TOPIC)  # routed: the consumers' first rebalance assigns its queues
         for c in consumers:
             c.start()
         try:
-            time.sleep(1.0)  # rebalance before the first send
             with Producer("PG_DLQ", broker.namesrv) as producer:
                 sent = [producer.send(Message(TOPIC, f"order {i}".encode(), tags="TagA" if i % 2 == 0 else "TagB",
                                               keys=[f"order-{i}", "common"])) for i in range(N_MESSAGES)]
             want = {g: (m + 1) * N_MESSAGES for g, m in GROUPS.items()}  # first delivery + m redeliveries
-            deadline = time.time() + 40
-            while time.time() < deadline and any(calls[g] < n for g, n in want.items()):
-                time.sleep(0.1)
-            assert dict(calls) == want
+            deadline = time.monotonic() + 40
+            assert {g: len(calls[g].wait_for(n, deadline)) for g, n in want.items()} == want
+            with Admin(broker.namesrv) as admin:  # each group's last failure sends the message to its DLQ
+                for g in GROUPS:
+                    wait_until(lambda g=g: stored_messages(admin, broker.addr, dlq_topic(g)) >= N_MESSAGES,
+                               f"{N_MESSAGES} records in {dlq_topic(g)}", max(1.0, deadline - time.monotonic()))
+                    assert admin.wait_writable(dlq_topic(g))  # the reader finds the DLQ topic by its route
             with PullConsumer("CG_DLQ_READER", broker.namesrv) as reader:
-                dead: dict[str, list] = {}
-                while time.time() < deadline and any(len(dead.get(g, [])) < N_MESSAGES for g in GROUPS):
-                    try:
-                        dead = {g: drain(reader, dlq_topic(g)) for g in GROUPS}
-                    except MQClientError:  # DLQ topic route not published yet
-                        pass
-                    time.sleep(0.2)
+                dead = {g: drain(reader, dlq_topic(g)) for g in GROUPS}
             assert {g: len(v) for g, v in dead.items()} == {g: N_MESSAGES for g in GROUPS}
         finally:
             for c in consumers:
                 c.shutdown()
+        assert {g: len(calls[g].items) for g in GROUPS} == want  # nothing delivered after the DLQ
     return broker.store, sent
 
 

@@ -452,6 +452,7 @@ class BrokerCore:
     # ---- offsets ---------------------------------------------------------------------------------------
     def query_consumer_offset(self, req: Request) -> Reply:
         h = QueryConsumerOffsetRequestHeader.from_ext(req.ext)
+        self._check_topic_name(h.topic)  # the min offset is read from the queue directory named after it
         offset = self.store.query_consumer_offset(h.consumer_group, h.topic, h.queue_id,
                                                   h.set_zero_if_not_found is not False)
         if offset is None:
