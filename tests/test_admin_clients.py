@@ -37,7 +37,8 @@ from broker.server.client_calls import (
     IpcClientCaller,
     call_client,
 )
-from broker.server.message_store import MessageStore, StoreSettings
+from broker.server.message_store import MessageStore
+from broker.server.store_settings import StoreSettings
 from broker.server.processors import BrokerCore, Reply, Request
 from broker.store.message_id import encode_offset_msg_id
 from broker.store.hosts import Host

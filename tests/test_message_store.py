@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from broker.server import (
+    consumer_send_back,
     ASYNC_FLUSH,
     SYNC_FLUSH,
     GetStatus,
@@ -335,7 +336,7 @@ def test_send_back_retry_then_dlq(tmp_path, clock):
 
     phy = orig.physical_offsets[0]
     for attempt in (1, 2):
-        back = st.consumer_send_back("g", phy, 0)
+        back = consumer_send_back(st, "g", phy, 0)
         assert back.ok
         assert (back.put.topic, back.put.queue_id) == (SCHEDULE_TOPIC, 1)  # 3 + reconsumeTimes, clamped to 2
         assert sched.run_once(clock.advance(2000).now) == 1
@@ -348,7 +349,7 @@ def test_send_back_retry_then_dlq(tmp_path, clock):
         assert (retry.body, retry.flag, retry.born_timestamp, retry.born_host) == (b"work", 7, T0 - 5, BORN_HOST)
         phy = retry.physical_offset
 
-    dlq = st.consumer_send_back("g", phy, 0)
+    dlq = consumer_send_back(st, "g", phy, 0)
     assert (dlq.status, dlq.put.topic, dlq.put.queue_id) == ("OK", "%DLQ%g", 0)
     (dead,) = split_records(st.get_messages("%DLQ%g", 0, 0).body)
     assert dead.reconsume_times == 3
@@ -357,10 +358,10 @@ def test_send_back_retry_then_dlq(tmp_path, clock):
     assert "REAL_TOPIC" in dead.properties  # carried over from the retry copy, as in Apache
 
     # delayLevel < 0 goes straight to the DLQ; a bad offset is reported
-    assert st.consumer_send_back("g", orig.physical_offsets[0], -1).put.topic == "%DLQ%g"
-    assert st.consumer_send_back("g", 12345, 0).status == "MESSAGE_NOT_FOUND"
+    assert consumer_send_back(st, "g", orig.physical_offsets[0], -1).put.topic == "%DLQ%g"
+    assert consumer_send_back(st, "g", 12345, 0).status == "MESSAGE_NOT_FOUND"
     st.groups.put(SubscriptionGroupConfig("noretry", retry_queue_nums=0))
-    assert st.consumer_send_back("noretry", orig.physical_offsets[0]).put is None  # dropped, answered OK
+    assert consumer_send_back(st, "noretry", orig.physical_offsets[0]).put is None  # dropped, answered OK
     st.close()
     topics = TopicConfigTable.load(config_path(tmp_path / "s", TOPICS_FILE))
     for name in ("%RETRY%g", "%DLQ%g"):

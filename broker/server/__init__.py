@@ -4,20 +4,15 @@
 (:class:`MessageStore`). The network layer (request processors, long polling) wraps it.
 """
 
+from broker.server.dispatch import ConsumeQueueView, Dispatcher
 from broker.server.message_store import (
-    ASYNC_FLUSH,
-    SYNC_FLUSH,
-    ConsumeQueueView,
-    Dispatcher,
     GetResult,
     GetStatus,
     MessageStore,
     PutResult,
     PutStatus,
     QueryResult,
-    SendBackResult,
     StoreError,
-    StoreSettings,
 )
 from broker.server.offsets import (
     ConsumerOffsetManager,
@@ -27,10 +22,13 @@ from broker.server.offsets import (
 )
 from broker.server.recovery import QueueTail, RecoveryError, RecoveryReport
 from broker.server.schedule import ScheduleService
+from broker.server.send_back import SendBackResult, consumer_send_back
+from broker.server.store_settings import StoreSettings
+from broker.store.constants import ASYNC_FLUSH, SYNC_FLUSH
 
 __all__ = [
     "ASYNC_FLUSH", "SYNC_FLUSH", "ConsumeQueueView", "ConsumerOffsetManager", "DelayOffsetManager", "Dispatcher",
     "GetResult", "GetStatus", "MessageStore", "PutResult", "PutStatus", "QueryResult", "QueueTail",
-    "RecoveryError", "RecoveryReport", "ScheduleService", "SendBackResult", "StoreError", "StoreSettings",
+    "RecoveryError", "RecoveryReport", "ScheduleService", "SendBackResult", "StoreError", "StoreSettings", "consumer_send_back",
     "SubscriptionGroupManager", "TopicConfigManager",
 ]

@@ -44,7 +44,7 @@ from broker.store.properties import decode_properties
 from broker.store.topics import SCHEDULE_TOPIC
 
 if TYPE_CHECKING:
-    from broker.server.message_store import SendBackResult
+    from broker.server.send_back import SendBackResult
     from broker.server.processors import BrokerCore, Reply, Request
 
 BROKER_VERSION = Version.V4_9_8  # the protocol and store format this broker answers as

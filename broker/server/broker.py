@@ -38,7 +38,8 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import RegisterBrokerRequestHeader, UnRegisterBrokerRequestHeader
 from broker.remoting.transport import Connection, RemotingServer, SyncRemotingClient
-from broker.server.message_store import MessageStore, StoreSettings
+from broker.server.message_store import MessageStore
+from broker.server.store_settings import StoreSettings
 from broker.server.processors import SEND_CODES, BrokerCore, Reply, Request
 from broker.server.schedule import ScheduleService
 from broker.server.settings import BrokerSettings

@@ -24,7 +24,9 @@ import threading
 import time
 from pathlib import Path
 
-from broker.server.message_store import Dispatcher, MessageStore, QueueRegistry, StoreSettings
+from broker.server.dispatch import Dispatcher, QueueRegistry
+from broker.server.message_store import MessageStore
+from broker.server.store_settings import StoreSettings
 
 log = logging.getLogger(__name__)
 

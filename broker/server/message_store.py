@@ -1,11 +1,14 @@
-"""The broker's storage engine: an in-process, thread-safe ``DefaultMessageStore``.
+"""The broker's storage engine: a thread-safe ``DefaultMessageStore`` (append, flush, read, query).
 
-Writes append to the commitlog with :class:`~broker.store.commitlog.CommitLogWriter` and are dispatched
-synchronously (same call, same lock) to the consume queues and the index by :class:`Dispatcher`; reads
-serve pulls straight from the files with ``pread`` (CQ units, then record bytes exactly as stored, which
-is the PULL_MESSAGE body). Behaviour follows Apache RocketMQ 4.9.8 as summarised in
-``store-format.md`` (3.9 special topics, 4 dispatch, 8 checkpoint/abort, 9 recovery) and
-``remoting-protocol.md`` (9.2 pull statuses, 9.3 store-side send checks, 9.4 send-back, 9.5 offsets).
+Writes append to the commitlog with :class:`~broker.store.commitlog.CommitLogWriter`; the consume
+queues and the index are built by the :mod:`broker.server.dispatch` mode the store runs in (inline:
+same call, same lock; external: the dispatcher process). Reads serve pulls straight from the files
+with ``pread`` (CQ units, then record bytes exactly as stored, which is the PULL_MESSAGE body).
+Settings are :class:`~broker.server.store_settings.StoreSettings`; what to do with a message a consumer
+sends back is the request layer's (:mod:`broker.server.send_back`). Behaviour follows Apache
+RocketMQ 4.9.8 as summarised in ``store-format.md`` (3.9 special topics, 4 dispatch, 8
+checkpoint/abort, 9 recovery) and ``remoting-protocol.md`` (9.2 pull statuses, 9.3 store-side send
+checks, 9.5 offsets).
 
 Threading. One ``_put_lock`` serialises append + dispatch, so commitlog order, queue offsets and CQ order
 agree. Reads take no store-wide lock: a queue's written end (``ConsumeQueueView.max_offset``) is
@@ -21,8 +24,6 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import random
-import shutil
 import struct
 import threading
 import time
@@ -34,6 +35,14 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from broker.server import recovery
+from broker.server.dispatch import (
+    ConsumeQueueView,
+    Dispatcher,
+    DispatchMode,
+    ExternalDispatch,
+    InlineDispatch,
+    QueueRegistry,
+)
 from broker.server.offsets import (
     ConsumerOffsetManager,
     DelayOffsetManager,
@@ -42,54 +51,34 @@ from broker.server.offsets import (
     resolve_consumer_offset,
 )
 from broker.store.checkpoint import Checkpoint, CheckpointError, checkpoint_path, read_checkpoint
-from broker.store.commitlog import CommitLog, CommitLogWriter, offset_to_file_name
+from broker.server.store_settings import StoreSettings
+from broker.store.clock import now_ms
+from broker.store.commitlog import CommitLogWriter, offset_to_file_name
 from broker.store.config_files import ConfigFileError, load_topic_fences, save_topic_fences
 from broker.store.constants import (
     ASYNC_FLUSH,
     SYNC_FLUSH,
-    CONSUME_QUEUE_DIR,
     CQ_STORE_UNIT_SIZE,
-    DEFAULT_MAPPED_FILE_SIZE_COMMITLOG,
-    DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE,
-    DEFAULT_MAX_HASH_SLOT_NUM,
-    DEFAULT_MAX_INDEX_NUM,
-    DEFAULT_MAX_MESSAGE_SIZE,
-    DEFAULT_MESSAGE_DELAY_LEVEL,
     MAX_MSGS_NUM_BATCH,
     MAX_PROPERTIES_LENGTH,
     MESSAGE_MAGIC_CODE_V1,
     MESSAGE_MAGIC_CODE_V2,
     PROPERTY_DELAY,
-    PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
-    PROPERTY_RETRY_TOPIC,
     TOPIC_NAME_PATTERN,
     TRANSACTION_NOT_TYPE,
     TRANSACTION_TYPE_MASK,
-    is_indexed,
     is_queued,
     signed32,
 )
-from broker.store.consume_queue import CQ_UNIT_DTYPE, ConsumeQueueDispatcher, MinOffsetRule, QueueFiles
-from broker.store.delay import parse_delay_levels
-from broker.store.hosts import Host
-from broker.store.index_file import LONG_MAX, IndexService
+from broker.store.index_file import LONG_MAX
 from broker.store.java_hash import tags_code
 from broker.store.message import MessageRecord, RecordError, decode_record
 from broker.store.properties import encode_properties
 from broker.store.record_layout import STORE_TIMESTAMP_PROBE, read_store_timestamp
 from broker.store.store_lock import StoreLock, abort_marker_exists, create_abort_marker, remove_abort_marker
-from broker.store.topics import (
-    DEFAULT_TOPIC_QUEUE_NUMS,
-    DLQ_NUMS_PER_GROUP,
-    SCHEDULE_TOPIC,
-    InvalidTopicError,
-    delay_level_to_queue_id,
-    dlq_topic,
-    retry_topic,
-    validate_topic,
-)
+from broker.store.topics import SCHEDULE_TOPIC, InvalidTopicError, delay_level_to_queue_id, validate_topic
 
 log = logging.getLogger(__name__)
 
@@ -107,56 +96,6 @@ def _now_ms() -> int:
 # =====================================================================================================
 # Settings and results
 # =====================================================================================================
-@dataclass(frozen=True)
-class StoreSettings:
-    """``MessageStoreConfig`` (and the few ``BrokerConfig`` values the store needs).
-
-    Defaults are Apache's. Test stores shrink ``segment_bytes``, ``cq_file_bytes`` and the index
-    geometry so that files stay small; a store must be reopened with the sizes it was written with.
-    """
-
-    segment_bytes: int = DEFAULT_MAPPED_FILE_SIZE_COMMITLOG
-    cq_file_bytes: int = DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE
-    index_slots: int = DEFAULT_MAX_HASH_SLOT_NUM
-    index_entries: int = DEFAULT_MAX_INDEX_NUM
-    flush_disk_type: str = ASYNC_FLUSH
-    flush_interval_ms: int = 500  # flushIntervalCommitLog (ASYNC_FLUSH background fsync)
-    sync_flush_timeout_ms: int = 5000  # syncFlushTimeout: slower fsync answers FLUSH_DISK_TIMEOUT
-    checkpoint_interval_ms: int = 1000  # flushIntervalConsumeQueue: CQ/index fsync + checkpoint
-    persist_interval_ms: int = 5000  # flushConsumerOffsetInterval: config/*.json
-    message_delay_level: str = DEFAULT_MESSAGE_DELAY_LEVEL
-    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
-    store_host: Host = Host(bytes([127, 0, 0, 1]), 10911)
-    cluster_name: str = "DefaultCluster"
-    broker_name: str = "broker-a"
-    check_crc_on_recover: bool = True
-    auto_create_topic_enable: bool = True
-    auto_create_subscription_group: bool = True
-    default_topic_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS  # defaultTopicQueueNums: TBW102's queues
-    access_message_in_memory_max_ratio: int = 40  # % of RAM; older messages count as "in disk"
-    fsync_metadata: bool = True
-    # True in the multiprocess broker: a separate dispatcher process builds the consume queues and
-    # the index from the commitlog (Apache's ReputMessageService); puts only append and flush, and
-    # the dispatcher's progress comes back through ``external_advance``.
-    external_dispatch: bool = False
-
-    def __post_init__(self) -> None:
-        if self.flush_disk_type not in (ASYNC_FLUSH, SYNC_FLUSH):
-            raise ValueError(f"flush_disk_type must be {ASYNC_FLUSH} or {SYNC_FLUSH}, got {self.flush_disk_type!r}")
-        if self.segment_bytes < 4096:
-            raise ValueError("segment_bytes must be at least 4096")
-        if self.cq_file_bytes <= 0 or self.cq_file_bytes % CQ_STORE_UNIT_SIZE:
-            raise ValueError("cq_file_bytes must be a positive multiple of 20")
-        if self.index_slots < 1 or self.index_entries < 2:
-            raise ValueError("index needs at least 1 slot and 2 entries")
-        parse_delay_levels(self.message_delay_level)  # fail early on a bad spec
-
-    @property
-    def delay_levels(self) -> list[int]:
-        """Delay per level in ms (index 0 = level 1)."""
-        return parse_delay_levels(self.message_delay_level)
-
-
 class PutStatus(enum.Enum):
     """``PutMessageStatus`` names (remoting-protocol.md 9.3 maps them to response codes)."""
 
@@ -228,14 +167,6 @@ class GetResult:
         return len(self.queue_offsets)
 
 
-def _index_progress(index: IndexService) -> tuple[int, int]:
-    """(end timestamp, end commitlog offset) of the newest index file, read before the query."""
-    if not index.files:
-        return 0, 0
-    header = index.files[-1].header
-    return header.end_timestamp, header.end_phy_offset
-
-
 @dataclass(frozen=True)
 class QueryResult:
     """QUERY_MESSAGE by key: matching records (verified against KEYS/UNIQ_KEY), oldest first."""
@@ -249,300 +180,8 @@ class QueryResult:
     index_end_offset: int = 0
 
 
-@dataclass(frozen=True)
-class SendBackResult:
-    """CONSUMER_SEND_MSG_BACK: ``status`` is ``"OK"`` (also when dropped because the group has no
-    retry queues), ``"SUBSCRIPTION_GROUP_NOT_EXIST"``, ``"MESSAGE_NOT_FOUND"`` or a put status name."""
-
-    status: str
-    put: PutResult | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "OK"
-
-
 class StoreError(RuntimeError):
     """The store cannot be opened or used (wrong geometry, not open)."""
-
-
-# =====================================================================================================
-# Consume queue read side
-# =====================================================================================================
-class ConsumeQueueView:
-    """Read side of one consume queue in the running broker: units are read on demand through
-    :class:`~broker.store.consume_queue.QueueFiles` (the store's one random-access queue reader).
-
-    Nothing is cached but the queue's written end (advanced by the dispatcher after its ``pwrite``)
-    and the derived min offset, so a pull costs one small read per CQ file it touches, whatever
-    the queue's length.
-    """
-
-    def __init__(self, store_dir: Path, topic: str, queue_id: int, file_size: int, max_offset: int = 0,
-                 max_phy_end: int = -1, commitlog_min_offset: int = 0,
-                 min_offset_rule: MinOffsetRule = MinOffsetRule.ALL_FILES) -> None:
-        self.topic = topic
-        self.queue_id = queue_id
-        self.files = QueueFiles(store_dir / CONSUME_QUEUE_DIR / topic / str(queue_id), file_size)
-        self.directory = self.files.directory
-        self.file_size = file_size
-        self.max_offset = max_offset  # logical offset just past the last unit
-        self.max_phy_end = max_phy_end  # phy + size of the last unit (-1: none)
-        self._commitlog_min = commitlog_min_offset
-        self._min_rule = min_offset_rule
-        self._min_offset: int | None = None
-
-    def read_units(self, start: int, count: int) -> np.ndarray:
-        """Up to ``count`` units from logical ``start`` (big-endian :data:`CQ_UNIT_DTYPE` rows),
-        never past the written end nor across a file boundary (Apache's ``getIndexBuffer``)."""
-        end = self.max_offset
-        if start < 0 or start >= end or count <= 0:
-            return np.empty(0, CQ_UNIT_DTYPE)
-        return self.files.read(start, min(count, end - start))
-
-    def unit(self, offset: int) -> tuple[int, int, int] | None:
-        """``(phy, size, tagsCode)`` at a logical offset, None outside the written range."""
-        rows = self.read_units(offset, 1)
-        if not len(rows):
-            return None
-        return int(rows["commitlog_offset"][0]), int(rows["size"][0]), int(rows["tags_code"][0])
-
-    @property
-    def min_offset(self) -> int:
-        """First readable unit (not a pre-blank fill, its record still in the commitlog:
-        ``correctMinOffset``), by the view's :class:`MinOffsetRule`; the written end for an empty
-        queue. Derived once, then cached."""
-        if self._min_offset is None:
-            found = self.files.min_offset(self._commitlog_min, self.max_offset, self._min_rule)
-            if found == self.max_offset:
-                return found  # nothing readable yet: ask again once the queue grows
-            self._min_offset = found
-        return self._min_offset
-
-
-class QueueRegistry:
-    """All :class:`ConsumeQueueView` objects of a store, created on first write (reads of unknown
-    queues get a throw-away empty view, so clients cannot grow the table)."""
-
-    def __init__(self, store_dir: Path, file_size: int, commitlog_min_offset: int = 0) -> None:
-        self.store_dir = store_dir
-        self.file_size = file_size
-        self.commitlog_min_offset = commitlog_min_offset
-        self._views: dict[tuple[str, int], ConsumeQueueView] = {}
-        self._lock = threading.Lock()
-
-    def seed(self, topic: str, queue_id: int, max_offset: int, max_phy_end: int) -> ConsumeQueueView:
-        with self._lock:
-            view = ConsumeQueueView(self.store_dir, topic, queue_id, self.file_size, max_offset, max_phy_end,
-                                    self.commitlog_min_offset)
-            self._views[(topic, queue_id)] = view
-            return view
-
-    def get(self, topic: str, queue_id: int) -> ConsumeQueueView | None:
-        return self._views.get((topic, queue_id))
-
-    def view(self, topic: str, queue_id: int) -> ConsumeQueueView:
-        existing = self._views.get((topic, queue_id))
-        if existing is not None:
-            return existing
-        return ConsumeQueueView(self.store_dir, topic, queue_id, self.file_size, 0, -1, self.commitlog_min_offset)
-
-    def advance(self, topic: str, queue_id: int, max_offset: int, max_phy_end: int) -> None:
-        """Publish a queue's new end (called after the units reached the file)."""
-        view = self._views.get((topic, queue_id))
-        if view is None:
-            view = self.seed(topic, queue_id, 0, -1)
-        if max_offset > view.max_offset:
-            view.max_phy_end = max_phy_end
-            view.max_offset = max_offset
-
-    def items(self) -> list[tuple[tuple[str, int], ConsumeQueueView]]:
-        with self._lock:
-            return list(self._views.items())
-
-    def drop_topic(self, topic: str) -> None:
-        """Forget every queue of a deleted topic (reads then see empty queues)."""
-        with self._lock:
-            for key in [k for k in self._views if k[0] == topic]:
-                del self._views[key]
-
-
-# =====================================================================================================
-# Dispatch
-# =====================================================================================================
-def _index_watermark(index: IndexService) -> int:
-    """Physical offset of the last indexed record (-1 when nothing ever was). The seed of a new
-    index file is the previous file's end, so the last file's ``endPhyOffset`` is right either way."""
-    if not index.files:
-        return -1
-    if len(index.files) == 1 and index.files[0].header.index_count <= 1:
-        return -1
-    return index.files[-1].header.end_phy_offset
-
-
-class Dispatcher:
-    """Builds the consume queues and the index from commitlog records, in commitlog order
-    (Apache's ``CommitLogDispatcherBuildConsumeQueue`` + ``CommitLogDispatcherBuildIndex``).
-
-    Idempotent, so it can be driven again over records it already saw (recovery, or a commitlog tail
-    follower in another process): a CQ unit is skipped when its queue already holds it (the
-    ``ConsumeQueue.put`` rules), an index entry when the record is at or below the last indexed
-    offset. The index is written *before* the queue, so after a crash between the two the queue is
-    the one behind, and re-dispatching from the queues' end never indexes a record twice.
-    """
-
-    def __init__(self, store_dir: Path, settings: StoreSettings, queues: QueueRegistry,
-                 clock: Callable[[], int] = _now_ms) -> None:
-        self.store_dir = store_dir
-        self.settings = settings
-        self.queues = queues
-        self.next_offset = 0  # just past the last record handed to dispatch (a tail follower's cursor)
-        self.cq = ConsumeQueueDispatcher(store_dir, file_size=settings.cq_file_bytes,
-                                         delay_levels=settings.delay_levels)
-        self.index = IndexService(store_dir, settings.index_slots, settings.index_entries, clock=clock)
-        self.index_lock = threading.Lock()  # IndexService is not thread-safe; queries take it too
-        self._index_watermark = _index_watermark(self.index)
-        if self._index_watermark >= 0:
-            self._complete_last_indexed()
-        self._sync_lock = threading.Lock()
-        self._dirty_files: set[Path] = set()
-        self.last_store_timestamp = 0
-        self._listeners: list[Callable[[str, int, int], None]] = []
-        self.released = False  # writers handed to an external dispatcher process
-        self.topic_fences: dict[str, int] = {}  # deleted topic -> fence: its records below are not queued
-
-    def _complete_last_indexed(self) -> None:
-        """A crash between two index puts of one record leaves it half indexed at the watermark,
-        which re-dispatch never revisits: finish it now (see IndexService.complete_record)."""
-        try:
-            rec = CommitLog.open(self.store_dir, self.settings.segment_bytes).read_record(self._index_watermark)
-        except Exception as exc:  # recovery already cut the index back to the commitlog's end
-            log.warning("index: cannot read the last indexed record at %d to check it: %s", self._index_watermark, exc)
-            return
-        if isinstance(rec, MessageRecord):
-            with self.index_lock:
-                self.index.complete_record(rec)
-
-    def add_listener(self, fn: Callable[[str, int, int], None]) -> None:
-        """``fn(topic, queue_id, max_offset)`` after new units are readable (long polling hook)."""
-        self._listeners.append(fn)
-
-    def dispatch(self, records: Sequence[MessageRecord]) -> int:
-        """Dispatch records (in commitlog order); returns how many changed a queue or the index."""
-        touched: dict[tuple[str, int], list[int]] = {}  # queue -> [first offset, next offset, phy end]
-        changed = 0
-        for rec in records:
-            did = False
-            if is_indexed(rec.sys_flag) and rec.physical_offset > self._index_watermark:
-                with self.index_lock:
-                    did = self.index.dispatch(rec) > 0
-                    self._index_watermark = rec.physical_offset
-            if is_queued(rec.sys_flag) and self._queued_topic(rec) and self.cq.dispatch(rec):
-                did = True
-                span = touched.setdefault((rec.topic, rec.queue_id), [rec.queue_offset, 0, 0])
-                span[1:] = [rec.queue_offset + 1, rec.physical_offset + rec.total_size]
-            changed += did
-        if records:
-            self.next_offset = records[-1].physical_offset + records[-1].total_size
-        dirty: set[Path] = set()
-        for (topic, qid), (first, nxt, _) in touched.items():
-            cq = self.cq.queue(topic, qid)
-            cq.flush()  # pwrite: readable from here on
-            fs = cq.file_size
-            for base in range(first * CQ_STORE_UNIT_SIZE // fs * fs, (nxt - 1) * CQ_STORE_UNIT_SIZE + 1, fs):
-                dirty.add(cq.directory / offset_to_file_name(base))
-        with self._sync_lock:
-            if records:
-                self.last_store_timestamp = max(self.last_store_timestamp, records[-1].store_timestamp)
-            self._dirty_files |= dirty
-        for (topic, qid), (_, nxt, phy_end) in touched.items():
-            self.queues.advance(topic, qid, nxt, phy_end)
-            for fn in self._listeners:
-                try:
-                    fn(topic, qid, nxt)
-                except Exception:  # a listener must not break the write path
-                    log.exception("dispatch listener failed")
-        return changed
-
-    def _queued_topic(self, rec: MessageRecord) -> bool:
-        """False for a record of a deleted topic stored before the deletion (see ``topic_fences``)."""
-        fence = self.topic_fences.get(rec.topic) if self.topic_fences else None
-        return fence is None or rec.physical_offset >= fence
-
-    def drop_topic(self, topic: str, fence: int) -> None:
-        """Delete a topic's consume queues: close this dispatcher's files of the topic, remove its
-        directory, and never queue its records below ``fence`` again. The caller guarantees nothing
-        dispatches meanwhile (the store holds its put lock; the dispatcher process runs this between
-        batches)."""
-        self.topic_fences[topic] = max(fence, self.topic_fences.get(topic, 0))
-        for key in [k for k in self.cq.queues if k[0] == topic]:
-            self.cq.queues.pop(key).close()
-        directory = self.store_dir / CONSUME_QUEUE_DIR / topic
-        with self._sync_lock:
-            self._dirty_files = {p for p in self._dirty_files if directory not in p.parents}
-        self.queues.drop_topic(topic)
-        if directory.is_dir():
-            shutil.rmtree(directory)
-        log.info("deleted the consume queues of %s (records below commitlog offset %d stay unqueued)", topic, fence)
-
-    def catch_up(self, from_offset: int, to_offset: int | None = None, commitlog: CommitLog | None = None,
-                 batch: int = 1024) -> int:
-        """Dispatch every record starting in ``[from_offset, to_offset)`` (``from_offset`` a record
-        boundary; no bound = to the end of data), read back with ``CommitLog.iter_records``; returns
-        how many records changed something. Safe to repeat (idempotent). A follower of a live
-        commitlog must pass the writer's published end as ``to_offset``, so it never reads a record
-        that is still being written."""
-        if commitlog is None:
-            commitlog = CommitLog.open(self.store_dir, self.settings.segment_bytes)
-        changed = 0
-        pending: list[MessageRecord] = []
-        for rec in commitlog.iter_records(from_offset, to_offset):
-            pending.append(rec)
-            if len(pending) >= batch:
-                changed += self.dispatch(pending)
-                pending = []
-        if pending:
-            changed += self.dispatch(pending)
-        return changed
-
-    def sync(self) -> int:
-        """fsync the CQ files written since the last call and msync the index; returns the store
-        timestamp everything up to which is now durable (the checkpoint's logics/index time)."""
-        with self._sync_lock:
-            files, self._dirty_files = self._dirty_files, set()
-            ts = self.last_store_timestamp
-        for path in sorted(files):
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        with self.index_lock:
-            if not self.released:
-                self.index.flush()
-        return ts
-
-    def release_writers(self) -> None:
-        """Hand the consume-queue and index files over to another process: flush and close ours,
-        so nothing here writes them again (a stale in-memory index header must never be flushed
-        over the other process's). Progress then arrives through ``MessageStore.external_advance``."""
-        with self.index_lock:
-            if self.released:
-                return
-            self.cq.close()
-            self.index.close()
-            self.released = True
-
-    def close(self) -> None:
-        with self.index_lock:
-            if self.released:
-                return
-            self.cq.close()
-            self.index.close()
-            self.released = True
 
 
 # =====================================================================================================
@@ -618,7 +257,7 @@ class MessageStore:
                  clock: Callable[[], int] | None = None) -> None:
         self.store_dir = Path(store_dir)
         self.settings = config or StoreSettings()
-        self.clock = clock or _now_ms
+        self.clock = clock or now_ms
         self._delay_levels = self.settings.delay_levels
         self._put_lock = threading.RLock()
         self._flush_lock = threading.Lock()
@@ -626,6 +265,7 @@ class MessageStore:
         self._lock: StoreLock | None = None
         self._writer: CommitLogWriter | None = None
         self._dispatcher: Dispatcher | None = None
+        self._dispatch: DispatchMode | None = None  # inline or external (StoreSettings.external_dispatch)
         self._segments: _SegmentFiles | None = None
         self.queues: QueueRegistry | None = None
         self._committed_end = 0  # commitlog bytes readable by others
@@ -668,6 +308,9 @@ class MessageStore:
                 self.queues.seed(topic, qid, tail.max_offset, tail.max_phy_end)
             self._dispatcher = Dispatcher(self.store_dir, self.settings, self.queues, self.clock)
             self._dispatcher.topic_fences = self._load_topic_fences(report)
+            self._dispatch = (ExternalDispatch(self._dispatcher, self.store_dir, self.settings)
+                              if self.settings.external_dispatch else InlineDispatch(self._dispatcher))
+            self._dispatch.deleter = self._topic_deleter
             recovery.redispatch(report, self._dispatcher, self.store_dir, self.settings)
             create_abort_marker(self.store_dir)  # as start() does: from here on a crash is abnormal
             counters = {key: view.max_offset for key, view in self.queues.items() if view.max_offset > 0}
@@ -679,9 +322,7 @@ class MessageStore:
             self._dirty_segments = {self._segment_base(self._committed_end)}
             self._load_checkpoint(report.last_store_timestamp)
             self._load_metadata()
-            if self.settings.external_dispatch:
-                self._dispatcher.next_offset = self._committed_end  # recovery dispatched everything
-                self._dispatcher.release_writers()
+            self._dispatch.opened(self._committed_end)
         except BaseException:
             for resource in (self._writer, self._dispatcher, self._segments):
                 if resource is not None:
@@ -939,8 +580,7 @@ class MessageStore:
                             results[i] = PutResult(PutStatus.UNKNOWN_ERROR)
                         return results  # type: ignore[return-value]
                     self._committed_end = self._writer.write_offset
-                    if not self.settings.external_dispatch:
-                        self._dispatcher.dispatch([r.record for _, placed, _ in appended for r in placed])
+                    self._dispatch.appended([r.record for _, placed, _ in appended for r in placed])
                     end = self._committed_end
         if end is not None:
             if self._commit_listener is not None:
@@ -1023,9 +663,7 @@ class MessageStore:
     def dispatch_behind_bytes(self) -> int:
         """Commitlog bytes appended but not yet in the ConsumeQueue/IndexFile (Apache's
         ``dispatchBehindBytes``): 0 means every stored message can be pulled and found by key."""
-        if not self.settings.external_dispatch:
-            return 0   # dispatched synchronously with the append
-        return max(0, self._committed_end - self._dispatcher.next_offset)
+        return self._dispatch.behind_bytes(self._committed_end)
 
     @property
     def commitlog_min_offset(self) -> int:
@@ -1204,19 +842,7 @@ class MessageStore:
         records, returned oldest first. Entries left by a recovered crash are filtered out by the
         verification (and de-duplicated when a new record took the old one's offset and key)."""
         self._require_open()
-        if self.settings.external_dispatch:
-            # another process writes the index files: read them as they are now
-            index = IndexService(self.store_dir, self.settings.index_slots, self.settings.index_entries)
-            try:
-                progress = _index_progress(index)
-                offsets = index.query_offsets(topic, key, begin_ms, end_ms, min(max_num, MAX_MSGS_NUM_BATCH))
-            finally:
-                index.close()
-        else:
-            with self._dispatcher.index_lock:
-                progress = _index_progress(self._dispatcher.index)
-                offsets = self._dispatcher.index.query_offsets(topic, key, begin_ms, end_ms,
-                                                               min(max_num, MAX_MSGS_NUM_BATCH))
+        progress, offsets = self._dispatch.query_index(topic, key, begin_ms, end_ms, min(max_num, MAX_MSGS_NUM_BATCH))
         found, parts = [], []
         for phy in sorted(set(offsets)):  # a stale entry (recovered crash) may repeat an offset
             try:
@@ -1266,6 +892,8 @@ class MessageStore:
         """``fn(topic, fence)`` removes a topic's consume queues in the process that writes them (the
         external dispatcher) and returns once they are gone; it raises when it cannot."""
         self._topic_deleter = fn
+        if self._dispatch is not None:
+            self._dispatch.deleter = fn
 
     def delete_topic_queues(self, topic: str) -> int:
         """The store side of DELETE_TOPIC_IN_BROKER (``DefaultMessageStore.deleteTopics``): the
@@ -1294,16 +922,12 @@ class MessageStore:
                 for key in [k for k in self._writer.queue_offsets if k[0] == topic]:
                     del self._writer.queue_offsets[key]
                 self.queues.drop_topic(topic)
-                if not self.settings.external_dispatch:
-                    self._dispatcher.drop_topic(topic, fence)
+                self._dispatch.drop_topic_locked(topic, fence)
             except BaseException:
                 self._deleting.discard(topic)
                 raise
         try:
-            if self.settings.external_dispatch:
-                if self._topic_deleter is None:
-                    raise StoreError(f"no dispatcher process to delete the consume queues of {topic}")
-                self._topic_deleter(topic, fence)
+            self._dispatch.drop_topic_after(topic, fence)
         finally:
             with self._put_lock:
                 self._deleting.discard(topic)
@@ -1340,51 +964,6 @@ class MessageStore:
             lambda: self.min_offset(topic, queue_id),
             lambda: self.check_in_disk_by_consume_offset(topic, queue_id, 0),
             set_zero_if_not_found)
-
-    def consumer_send_back(self, group: str, phy_offset: int, delay_level: int = 0,
-                           max_reconsume_times: int | None = None) -> SendBackResult:
-        """CONSUMER_SEND_MSG_BACK (remoting-protocol.md 9.4, store-format.md 3.9).
-
-        The original (looked up by commitlog offset) is re-stored with the same body, flag, sysFlag
-        and born fields, ``reconsumeTimes + 1``, ``RETRY_TOPIC`` (original topic, if absent) and
-        ``ORIGIN_MESSAGE_ID`` (the original's offsetMsgId, if absent). Below the limit
-        (``max_reconsume_times``, else the group's ``retryMaxTimes``) it goes to ``%RETRY%<group>``
-        with ``DELAY`` = ``delay_level`` or ``3 + reconsumeTimes`` when 0, so it waits in
-        ``SCHEDULE_TOPIC_XXXX`` first; at the limit or with ``delay_level < 0`` it goes to
-        ``%DLQ%<group>`` queue 0 with ``DELAY=0`` left in its properties. Missing retry/DLQ topic
-        configs are created (1 queue, perm 6)."""
-        self._require_open()
-        sub = self.groups.find(group)
-        if sub is None:
-            return SendBackResult("SUBSCRIPTION_GROUP_NOT_EXIST")
-        if sub.retry_queue_nums <= 0:
-            return SendBackResult("OK")
-        try:
-            orig = self.view_message(phy_offset)
-        except RecordError as exc:
-            log.warning("send-back of %s: look message by offset %d failed: %s", group, phy_offset, exc)
-            return SendBackResult("MESSAGE_NOT_FOUND")
-        props = orig.properties
-        props.setdefault(PROPERTY_RETRY_TOPIC, orig.topic)
-        limit = sub.retry_max_times if max_reconsume_times is None else max_reconsume_times
-        if orig.reconsume_times >= limit or delay_level < 0:
-            topic = dlq_topic(group)
-            queue_id = random.randrange(99_999_999) % DLQ_NUMS_PER_GROUP
-            self.topics.create_topic_in_send_back(topic, DLQ_NUMS_PER_GROUP)
-            props[PROPERTY_DELAY] = "0"
-        else:
-            topic = retry_topic(group)
-            queue_id = random.randrange(99_999_999) % sub.retry_queue_nums
-            self.topics.create_topic_in_send_back(topic, sub.retry_queue_nums)
-            props[PROPERTY_DELAY] = str(delay_level if delay_level > 0 else 3 + orig.reconsume_times)
-        if not props.get(PROPERTY_ORIGIN_MESSAGE_ID, "").strip():
-            props[PROPERTY_ORIGIN_MESSAGE_ID] = orig.offset_msg_id
-        retry = MessageRecord(topic=topic, body=orig.body, properties_raw=encode_properties(props),
-                              queue_id=queue_id, flag=orig.flag, sys_flag=orig.sys_flag,
-                              born_timestamp=orig.born_timestamp, born_host=orig.born_host,
-                              reconsume_times=orig.reconsume_times + 1)
-        put = self.put_message(retry)
-        return SendBackResult("OK" if put.ok else put.status.value, put)
 
 
 def _delay_level(props: dict[str, str]) -> int | None:

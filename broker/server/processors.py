@@ -61,6 +61,7 @@ from broker.server.admin_metadata import metadata_handlers
 from broker.server.clients import ClientRegistry, Notify
 from broker.server.filter.consumer_filter import Refusal, check_client_config, pull_filter
 from broker.server.message_store import GetStatus, MessageStore, PutResult, PutStatus
+from broker.server.send_back import consumer_send_back
 from broker.server.stats import BrokerStatsManager
 from broker.server.settings import BrokerSettings
 from broker.server.settings.declared import MAX_TOPIC_QUEUE_NUMS as MAX_QUEUE_NUMS
@@ -560,7 +561,7 @@ class BrokerCore:
     def consumer_send_msg_back(self, req: Request) -> Reply:
         h = ConsumerSendMsgBackRequestHeader.from_ext(req.ext)
         max_times = h.max_reconsume_times if req.version >= V3_4_9 else None
-        result = self.store.consumer_send_back(h.group, h.offset, h.delay_level or 0, max_times)
+        result = consumer_send_back(self.store, h.group, h.offset, h.delay_level or 0, max_times)
         count_send_back(self, h.group, h.origin_topic, result)
         if result.ok:
             self.on_topics_changed()

@@ -6,7 +6,7 @@
 ``check_crc_on_recover``), stops at the first invalid one, zeroes the torn tail and deletes later
 files; then trims consume-queue units that point at or past the recovered end and rewinds an index
 that got ahead of it. :func:`redispatch` then feeds everything after the largest CQ-referenced offset
-through the store's :class:`~broker.server.message_store.Dispatcher` (idempotent), which also covers
+through the store's :class:`~broker.server.dispatch.Dispatcher` (idempotent), which also covers
 a broker that stopped between append and dispatch without crashing.
 
 Apache replays abnormal recoveries from the checkpoint's file; here the queues' own tails decide
@@ -24,10 +24,10 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import numpy as np
 
+from broker.server.dispatch import Dispatcher
+from broker.server.store_settings import StoreSettings
 from broker.store.checkpoint import CheckpointError, read_checkpoint
 from broker.store.commitlog import CommitLog, Segment, list_segments
 from broker.store.constants import (
@@ -40,9 +40,6 @@ from broker.store.record_layout import POS_MAGIC, STORE_TIMESTAMP_PROBE, read_st
 from broker.store.consume_queue import QueueFiles, is_data_unit, is_fill_unit, list_queues
 from broker.store.index_file import IndexFile, IndexService, index_file_size, parse_index_file_name
 from broker.store.record_scan import scan_records
-
-if TYPE_CHECKING:
-    from broker.server.message_store import Dispatcher, StoreSettings
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +213,7 @@ def _close(buf) -> None:
         buf.close()
 
 
-def recover_commitlog(store_dir: Path, settings: "StoreSettings", abnormal: bool, report: RecoveryReport) -> int:
+def recover_commitlog(store_dir: Path, settings: StoreSettings, abnormal: bool, report: RecoveryReport) -> int:
     """Find the end of valid data, cut everything after it; returns the recovered end offset."""
     seg_size = settings.segment_bytes
     segments = _check_sizes(list_segments(store_dir / "commitlog"), seg_size, "commitlog")
@@ -357,7 +354,7 @@ def trim_queue(directory: Path, file_size: int, commitlog_end: int, report: Reco
 # =====================================================================================================
 # Index
 # =====================================================================================================
-def rewind_index(store_dir: Path, settings: "StoreSettings", commitlog_end: int, report: RecoveryReport) -> None:
+def rewind_index(store_dir: Path, settings: StoreSettings, commitlog_end: int, report: RecoveryReport) -> None:
     """Make the index forget records at or past ``commitlog_end``: delete files that only hold such
     entries, and set the last file's ``endPhyOffset`` back to the last entry below the end, so the
     dispatcher's "already indexed" rule does not skip the records that will be written there."""
@@ -410,7 +407,7 @@ def rewind_index(store_dir: Path, settings: "StoreSettings", commitlog_end: int,
 # =====================================================================================================
 # Entry points
 # =====================================================================================================
-def repair(store_dir: str | os.PathLike, settings: "StoreSettings", abnormal: bool) -> RecoveryReport:
+def repair(store_dir: str | os.PathLike, settings: StoreSettings, abnormal: bool) -> RecoveryReport:
     """Bring the files back to a consistent prefix (see the module docstring); nothing is
     dispatched yet. The caller must hold the store lock."""
     store_dir = Path(store_dir)
@@ -426,8 +423,8 @@ def repair(store_dir: str | os.PathLike, settings: "StoreSettings", abnormal: bo
     return report
 
 
-def redispatch(report: RecoveryReport, dispatcher: "Dispatcher", store_dir: str | os.PathLike,
-               settings: "StoreSettings") -> int:
+def redispatch(report: RecoveryReport, dispatcher: Dispatcher, store_dir: str | os.PathLike,
+               settings: StoreSettings) -> int:
     """Dispatch every record after the largest CQ-referenced offset, then log the report."""
     if report.dispatch_from < report.commitlog_end:
         commitlog = CommitLog.open(store_dir, settings.segment_bytes)

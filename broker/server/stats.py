@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
+from broker.store.clock import now_ms as epoch_ms
+
 log = logging.getLogger(__name__)
 
 # BrokerStatsManager's stats names (what VIEW_BROKER_STATS_DATA's statsName takes)
@@ -67,10 +69,6 @@ def stats_key(topic: str, group: str) -> str:
 
 def latency_key(queue_id: int, topic: str, group: str) -> str:
     return f"{queue_id}@{topic}@{group}"
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def next_morning_ms(now_ms: int) -> int:
@@ -178,7 +176,7 @@ class BrokerStatsManager:
                  sample: bool | None = None) -> None:
         """``sample`` (default: when ``clock`` is the real one) has the shared thread call :meth:`tick`."""
         self.cluster_name = cluster_name
-        self.clock = clock or _now_ms
+        self.clock = clock or epoch_ms
         self._lock = threading.Lock()
         self._sets: dict[str, dict[str, StatsItem]] = {name: {} for name in STATS_NAMES}
         # StoreStatsService totals

@@ -32,13 +32,13 @@ import math
 import os
 import re
 import shutil
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from broker.store.checkpoint import fsync_directory
+from broker.store.clock import now_ms as epoch_ms
 from broker.store.constants import (
     CONFIG_BACKUP_SUFFIX,
     CONFIG_DIR,
@@ -470,10 +470,6 @@ def _copy_file(source: Path, target: Path, *, fsync: bool) -> None:
 # =====================================================================================================
 # Typed tables
 # =====================================================================================================
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 def _bean(fields: Mapping[str, Any], extra: Mapping[str, Any]) -> JsonObject:
     """A Java bean as fastjson writes it: known and unknown properties together, alphabetical."""
     merged = {**extra, **fields}
@@ -533,7 +529,7 @@ class DataVersion:
     """Version stamp of a table; brokers compare it to decide whether to re-register routes."""
 
     counter: int = 0
-    timestamp: int = field(default_factory=_now_ms)
+    timestamp: int = field(default_factory=epoch_ms)
     state_version: int | None = None  # 5.x only; omitted for 4.x-shaped output when None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -556,7 +552,7 @@ class DataVersion:
 
     def bump(self, now_ms: int | None = None) -> None:
         """``DataVersion.nextVersion()``: new timestamp, counter + 1."""
-        self.timestamp = _now_ms() if now_ms is None else now_ms
+        self.timestamp = epoch_ms() if now_ms is None else now_ms
         self.counter += 1
 
 

@@ -17,7 +17,6 @@ import logging
 import mmap
 import os
 import struct
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from broker.store import findings as fk
+from broker.store.clock import now_ms
 from broker.store.constants import (
     DEFAULT_MAX_HASH_SLOT_NUM,
     DEFAULT_MAX_INDEX_NUM,
@@ -400,10 +400,6 @@ def _transaction_bits(transaction_type: str | int) -> int:
     return transaction_type & TRANSACTION_TYPE_MASK
 
 
-def _default_clock() -> int:
-    return time.time_ns() // 1_000_000
-
-
 class IndexService:
     """The index files of a store (``<store>/index``): build like Apache's ``IndexService``, query.
 
@@ -424,7 +420,7 @@ class IndexService:
         self.directory = Path(store_dir) / INDEX_DIR
         self.max_hash_slot_num = max_hash_slot_num
         self.max_index_num = max_index_num
-        self.clock = clock or _default_clock
+        self.clock = clock or now_ms
         self.findings: list[Finding] = []
         self.files: list[IndexFile] = self._load()
 
