@@ -1,0 +1,108 @@
+"""The store in the mode the broker runs it: a dispatcher process builds the queues and the index.
+
+Most store tests use the inline mode (dispatched with the put, so a pull right after a put finds it).
+The multiprocess broker runs :class:`~broker.server.dispatch.ExternalDispatch` with the dispatcher
+process of :mod:`broker.server.dispatch_process`; these tests drive that same pair in-process:
+puts become pullable and findable by key once the process reports progress, topic deletion goes
+through the process, and a restart recovers what the process wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from broker.server import GetStatus, MessageStore, StoreSettings
+from broker.server.dispatch import ExternalDispatch, InlineDispatch
+from broker.server.dispatch_process import ExternalDispatcher
+from broker.store.hosts import Host
+from broker.store.message import MessageRecord
+from broker.store.properties import encode_properties
+
+SETTINGS = StoreSettings(segment_bytes=64 * 1024, cq_file_bytes=20 * 50, index_slots=64, index_entries=400,
+                         store_host=Host(bytes([127, 0, 0, 1]), 10911), fsync_metadata=False,
+                         external_dispatch=True)
+DEADLINE_S = 30.0
+
+
+def _wait_dispatched(store: MessageStore) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while store.dispatch_behind_bytes:
+        assert time.monotonic() < deadline, f"{store.dispatch_behind_bytes} bytes still undispatched"
+        time.sleep(0.01)
+
+
+def _put(store: MessageStore, topic: str, n: int, start: int = 0) -> list[int]:
+    offsets = []
+    for i in range(start, start + n):
+        res = store.put_message(MessageRecord(topic=topic, body=f"m{i}".encode(), queue_id=i % 2,
+                                              properties_raw=encode_properties({"KEYS": f"k{i}"})))
+        assert res.ok
+        offsets.append(res.physical_offsets[0])
+    return offsets
+
+
+class _Running:
+    """An opened store with its dispatcher process, as the broker's store process has them."""
+
+    def __init__(self, root: Path) -> None:
+        self.store = MessageStore(root, SETTINGS)
+        self.store.open()
+        self.dispatcher = ExternalDispatcher(self.store, logging.WARNING)
+        self.dispatcher.start()
+
+    def close(self) -> None:
+        self.dispatcher.stop()
+        self.store.close()
+
+
+@pytest.fixture()
+def running(tmp_path: Path):
+    r = _Running(tmp_path / "s")
+    yield r
+    r.close()
+
+
+def test_puts_become_pullable_and_findable_through_the_process(running):
+    store = running.store
+    assert isinstance(store._dispatch, ExternalDispatch)
+    phys = _put(store, "T", 30)
+    _wait_dispatched(store)
+    assert [store.max_offset("T", q) for q in (0, 1)] == [15, 15]
+    got = store.get_messages("T", 1, 0, 32, 1 << 20, None)
+    assert got.status == GetStatus.FOUND and list(got.physical_offsets) == phys[1::2]
+    assert store.query_by_key("T", "k7").physical_offsets == (phys[7],)
+    assert store.query_by_key("T", "k7").index_end_offset == phys[-1]
+
+
+def test_topic_deletion_goes_through_the_process(running):
+    store = running.store
+    _put(store, "Gone", 10)
+    _put(store, "Kept", 10)
+    _wait_dispatched(store)
+    store.delete_topic_queues("Gone")
+    assert not (store.store_dir / "consumequeue" / "Gone").exists()
+    assert store.max_offset("Gone", 0) == 0 and store.max_offset("Kept", 0) == 5
+    _put(store, "Kept", 4, start=10)
+    _wait_dispatched(store)
+    assert store.max_offset("Kept", 0) == 7 and not (store.store_dir / "consumequeue" / "Gone").exists()
+
+
+def test_restart_recovers_what_the_process_wrote(tmp_path: Path):
+    root = tmp_path / "s"
+    first = _Running(root)
+    phys = _put(first.store, "T", 40)
+    first.close()
+    inline = MessageStore(root, replace(SETTINGS, external_dispatch=False))
+    report = inline.open()
+    try:
+        assert isinstance(inline._dispatch, InlineDispatch)
+        assert report.redispatched == 0  # the process had dispatched and synced everything
+        assert [inline.max_offset("T", q) for q in (0, 1)] == [20, 20]
+        assert inline.query_by_key("T", "k39").physical_offsets == (phys[39],)
+    finally:
+        inline.close()
