@@ -36,7 +36,7 @@ from broker.remoting.bodies import (
     dumps_json,
     loads_lenient,
 )
-from broker.remoting.codes import PermName, PullSysFlag, RequestCode, ResponseCode
+from broker.remoting.codes import PermName, PullSysFlag, RequestCode, ResponseCode, perm_to_string
 from broker.remoting.command import HeaderError, ProtocolError
 from broker.remoting.headers import (
     ConsumerSendMsgBackRequestHeader,
@@ -143,8 +143,21 @@ class PreparedSend:
 SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE})
 
 
+# SendMessageProcessor's remark for a put refused as MESSAGE_ILLEGAL / PROPERTIES_SIZE_EXCEEDED (4.9.x wording)
+MESSAGE_ILLEGAL_REMARK = ("the message is illegal, maybe msg body or properties length not matched. "
+                          "msg body length limit 128k, msg properties length limit 32k.")
+
+
 def _error(code: int, remark: str) -> Reply:
     return Reply(code=code, remark=remark)
+
+
+def _topic_config_text(config: TopicConfig) -> str:
+    """Java ``TopicConfig.toString()`` (4.9.x), quoted in the send processor's illegal-queue remark."""
+    return (f"TopicConfig [topicName={config.topic_name}, readQueueNums={config.read_queue_nums}, "
+            f"writeQueueNums={config.write_queue_nums}, perm={perm_to_string(config.perm)}, "
+            f"topicFilterType={config.topic_filter_type}, topicSysFlag={config.topic_sys_flag}, "
+            f"order={'true' if config.order else 'false'}]")
 
 
 _PULL_CODES = {
@@ -231,7 +244,8 @@ class BrokerCore:
     def process(self, req: Request) -> Reply:
         handler = self._handlers.get(req.code)
         if handler is None:
-            return _error(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request type {req.code} not supported")
+            # NettyRemotingAbstract's remark, leading space included
+            return _error(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {req.code} not supported")
         return self._guarded(handler, req)
 
     def send_messages(self, reqs: list[Request]) -> list[Reply]:
@@ -309,21 +323,22 @@ class BrokerCore:
         if h.topic in NOT_ALLOWED_SEND_TOPICS:  # e.g. a forged SCHEDULE_TOPIC_XXXX record would jam its delay level
             return _error(ResponseCode.NO_PERMISSION, f"Sending message to topic[{h.topic}] is forbidden.")
         if len(req.body) > self.max_message_size and not h.batch:
-            return _error(ResponseCode.MESSAGE_ILLEGAL,
-                          f"message body size {len(req.body)} exceeds maxMessageSize {self.max_message_size}")
+            log.info("send to %s from %s: body of %d bytes exceeds maxMessageSize %d", h.topic, req.peer,
+                     len(req.body), self.max_message_size)
+            return _error(ResponseCode.MESSAGE_ILLEGAL, MESSAGE_ILLEGAL_REMARK)
         config = self._topic_for_send(h)
         if config is None:
             return _error(ResponseCode.TOPIC_NOT_EXIST,
                           f"topic[{h.topic}] not exist, apply first please!")
         if not config.perm & PermName.WRITE:
-            return _error(ResponseCode.NO_PERMISSION, f"the topic[{h.topic}] sending is forbidden")
+            return _error(ResponseCode.NO_PERMISSION, f"the topic[{h.topic}] sending message is forbidden")
         queue_nums = max(config.read_queue_nums, config.write_queue_nums)
         queue_id = h.queue_id
         if queue_id < 0:
             queue_id = random.randrange(max(config.write_queue_nums, 1))
         elif queue_id >= queue_nums:
-            return _error(ResponseCode.INVALID_PARAMETER,
-                          f"request queueId[{queue_id}] is illegal, topic has {queue_nums} queues")
+            return _error(ResponseCode.SYSTEM_ERROR, f"request queueId[{queue_id}] is illegal, "
+                                                     f"{_topic_config_text(config)} Producer: {req.peer}")
         topic, reconsume = h.topic, h.reconsume_times or 0
         if is_retry_topic(topic):
             group = consumer_group_of(topic) or ""
@@ -331,7 +346,7 @@ class BrokerCore:
             max_times = sub.retry_max_times if sub is not None else 16
             if h.max_reconsume_times is not None and req.version >= V3_4_9:
                 max_times = h.max_reconsume_times
-            if reconsume > max_times:
+            if reconsume >= max_times:  # handleRetryAndDLQ: at the limit it is dead
                 topic, queue_id = dlq_topic(group), 0
                 if self.store.topics.get(topic) is None:
                     self.store.topics.create_topic_in_send_back(topic, 1)
@@ -346,7 +361,9 @@ class BrokerCore:
         props[PROPERTY_CLUSTER] = self.cluster_name
         raw = encode_properties(props)
         if len(raw.encode("utf-8")) > MAX_PROPERTIES_LENGTH:
-            return _error(ResponseCode.MESSAGE_ILLEGAL, f"properties of {len(raw)} chars exceed 32767 bytes")
+            log.info("send to %s from %s: properties of %d chars exceed %d bytes", h.topic, req.peer, len(raw),
+                     MAX_PROPERTIES_LENGTH)
+            return _error(ResponseCode.MESSAGE_ILLEGAL, MESSAGE_ILLEGAL_REMARK)
         rec = MessageRecord(topic=topic, body=req.body, properties_raw=raw, queue_id=queue_id, flag=h.flag,
                             sys_flag=h.sys_flag, born_timestamp=h.born_timestamp, born_host=born,
                             store_host=self.store_host, reconsume_times=reconsume)
@@ -355,7 +372,7 @@ class BrokerCore:
     def _send_batch(self, h: SendMessageRequestHeader, body: bytes, topic: str, queue_id: int,
                     born: Host) -> Reply | PreparedSend:
         if is_retry_topic(topic):
-            return _error(ResponseCode.MESSAGE_ILLEGAL, "batch sends to a retry topic are not allowed")
+            return _error(ResponseCode.MESSAGE_ILLEGAL, f"batch request does not support retry group {topic}")
         if h.sys_flag & COMPRESSED_FLAG:  # the C++ client zlib-compresses whole batches >= 4 KiB
             try:
                 body = zlib.decompress(body)
@@ -384,6 +401,8 @@ class BrokerCore:
 
     def _send_reply(self, result: PutResult, queue_id: int, uniq_key: str | None) -> Reply:
         code = _PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
+        if code == ResponseCode.MESSAGE_ILLEGAL:
+            return _error(code, MESSAGE_ILLEGAL_REMARK)
         if code not in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT):
             return _error(code, result.status.value)
         ext = {"msgId": result.msg_id, "queueId": str(queue_id), "queueOffset": str(result.queue_offset)}
@@ -394,17 +413,21 @@ class BrokerCore:
     # ---- pull ------------------------------------------------------------------------------------------
     def pull_message(self, req: Request) -> Reply:
         h = PullMessageRequestHeader.from_ext(req.ext)
-        if self.store.groups.find(h.consumer_group) is None:
+        group = self.store.groups.find(h.consumer_group)
+        if group is None:
             return _error(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
                           f"subscription group [{h.consumer_group}] does not exist")
+        if not group.consume_enable:
+            return _error(ResponseCode.NO_PERMISSION, f"subscription group no permission, {h.consumer_group}")
         config = self.store.topics.get(h.topic)
         if config is None:
             return _error(ResponseCode.TOPIC_NOT_EXIST, f"topic[{h.topic}] not exist, apply first please!")
         if not config.perm & PermName.READ:
             return _error(ResponseCode.NO_PERMISSION, f"the topic[{h.topic}] pulling message is forbidden")
         if not 0 <= h.queue_id < config.read_queue_nums:
-            return _error(ResponseCode.INVALID_PARAMETER,
-                          f"queueId[{h.queue_id}] is illegal, topic:[{h.topic}] readQueueNums:[{config.read_queue_nums}]")
+            return _error(ResponseCode.SYSTEM_ERROR,
+                          f"queueId[{h.queue_id}] is illegal, topic:[{h.topic}] "
+                          f"topicConfig.readQueueNums:[{config.read_queue_nums}] consumer:[{req.peer}]")
         flags = h.sys_flag
         if flags & PullSysFlag.SUBSCRIPTION:
             expression_type, expression = h.expression_type, h.subscription
@@ -447,7 +470,7 @@ class BrokerCore:
         ext = {"nextBeginOffset": str(got.next_begin_offset), "minOffset": str(got.min_offset),
                "maxOffset": str(got.max_offset), "suggestWhichBrokerId": "0"}
         if code == ResponseCode.SUCCESS:
-            return Reply(code=code, ext=ext, body=got.body)
+            return Reply(code=code, remark=got.status.value, ext=ext, body=got.body)
         return Reply(code=code, remark=got.status.value, ext=ext)
 
     # ---- offsets ---------------------------------------------------------------------------------------
@@ -566,9 +589,11 @@ class BrokerCore:
         if result.ok:
             self.on_topics_changed()
             return Reply()
-        codes = {"SUBSCRIPTION_GROUP_NOT_EXIST": ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
-                 "MESSAGE_NOT_FOUND": ResponseCode.SYSTEM_ERROR}
-        return _error(codes.get(result.status, ResponseCode.SYSTEM_ERROR), result.status)
+        if result.status == "SUBSCRIPTION_GROUP_NOT_EXIST":
+            return _error(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {h.group}")
+        if result.status == "MESSAGE_NOT_FOUND":
+            return _error(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {h.offset}")
+        return _error(ResponseCode.SYSTEM_ERROR, result.status)  # a put status name, as Apache
 
     def lock_batch_mq(self, req: Request) -> Reply:
         body = LockBatchRequestBody.decode(req.body)
@@ -600,7 +625,7 @@ class BrokerCore:
             if not 0 <= value <= MAX_QUEUE_NUMS:
                 return _error(ResponseCode.INVALID_PARAMETER, f"{name} {value} is outside 0..{MAX_QUEUE_NUMS}")
         if h.topic == DEFAULT_TOPIC or h.topic == self.cluster_name:
-            return _error(ResponseCode.SYSTEM_ERROR, f"the topic[{h.topic}] is conflict with system reserved words")
+            return _error(ResponseCode.SYSTEM_ERROR, f"the topic[{h.topic}] is conflict with system reserved words.")
         self.store.topics.put(TopicConfig(h.topic, read_queue_nums=h.read_queue_nums,
                                           write_queue_nums=h.write_queue_nums, perm=h.perm,
                                           topic_filter_type=h.topic_filter_type or "SINGLE_TAG",
