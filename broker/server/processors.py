@@ -71,11 +71,13 @@ from broker.store.constants import (
     COMPRESSED_FLAG,
     COMPRESSION_TYPE_MASK,
     MAX_PROPERTIES_LENGTH,
+    MAX_TOPIC_LENGTH,
     NAME_VALUE_SEPARATOR,
     PROPERTY_CLUSTER,
     PROPERTY_SEPARATOR,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT,
+    TOPIC_NAME_PATTERN,
 )
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord
@@ -93,7 +95,6 @@ from broker.store.topics import (
     dlq_topic,
     is_retry_topic,
     retry_topic,
-    validate_topic,
 )
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,10 @@ V3_4_9 = 121  # clients at or above honour maxReconsumeTimes from the send-back 
 # TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET: only the broker itself writes these
 NOT_ALLOWED_SEND_TOPICS = frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
                                      "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT"})
+
+
+class TopicRefused(InvalidTopicError):
+    """A topic name ``TopicValidator.validateTopic`` refuses; the message is Apache's remark."""
 
 
 @dataclass
@@ -279,6 +284,8 @@ class BrokerCore:
         except (HeaderError, ProtocolError) as exc:
             log.info("bad request %d from %s: %s", req.code, req.peer, exc)
             return _error(ResponseCode.SYSTEM_ERROR, str(exc))
+        except TopicRefused as exc:  # Apache's own remark
+            return _error(ResponseCode.SYSTEM_ERROR, str(exc))
         except InvalidTopicError as exc:
             return _error(ResponseCode.SYSTEM_ERROR, f"invalid topic: {exc}")
         except Exception as exc:  # never let one request take the broker down
@@ -287,16 +294,17 @@ class BrokerCore:
 
     # ---- topics --------------------------------------------------------------------------------------
     def _check_topic_name(self, topic: str) -> None:
-        limit = RETRY_TOPIC_MAX_LENGTH if is_retry_topic(topic) or topic.startswith(DLQ_GROUP_TOPIC_PREFIX) else None
-        if limit is not None:
-            if len(topic) > limit:
-                raise InvalidTopicError(f"topic is {len(topic)} chars, the limit is {limit}")
-            validate_topic(topic[:127])  # characters only
-            for ch in topic:
-                if not (ch.isascii() and (ch.isalnum() or ch in "%|_-")):
-                    raise InvalidTopicError(f"topic {topic!r} has characters outside [%|a-zA-Z0-9_-]")
-        else:
-            validate_topic(topic)
+        """``TopicValidator.validateTopic`` with its remarks (blank, then characters, then length); the
+        names also become queue directory names, so this keeps every read and write inside the store.
+        Retry and DLQ topics carry a group name and may be 255 characters long."""
+        limit = RETRY_TOPIC_MAX_LENGTH if is_retry_topic(topic) or topic.startswith(DLQ_GROUP_TOPIC_PREFIX) \
+            else MAX_TOPIC_LENGTH
+        if not topic.strip():
+            raise TopicRefused("The specified topic is blank.")
+        if not TOPIC_NAME_PATTERN.fullmatch(topic):
+            raise TopicRefused(f"The specified topic contains illegal characters, allowing only {TOPIC_NAME_PATTERN.pattern}")
+        if len(topic) > limit:
+            raise TopicRefused("The specified topic is longer than topic max length.")
 
     def _topic_for_send(self, h: SendMessageRequestHeader) -> TopicConfig | None:
         topics = self.store.topics
