@@ -565,6 +565,20 @@ def test_heartbeat_registers_the_consumer_and_creates_its_retry_topic(env):
     assert sorted(ids.consumer_id_list) == ["10.0.0.7@1", "10.0.0.8@2"]
 
 
+def test_heartbeat_creates_the_retry_topic_with_the_groups_retry_queues(env):
+    env.store.groups.put(SubscriptionGroupConfig("Wide", retry_queue_nums=3))
+    heartbeat(env, "Wide", ["Orders"])
+    retry = env.store.topics.get("%RETRY%Wide")
+    assert (retry.read_queue_nums, retry.write_queue_nums, retry.perm) == (3, 3, 6)
+
+
+def test_heartbeat_of_an_unknown_group_creates_no_retry_topic(strict):
+    heartbeat(strict, "Ghost", ["Orders"])
+    assert strict.store.topics.get("%RETRY%Ghost") is None
+    ids = ConsumerIdList.decode(ok(strict.ask(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "Ghost"})).body)
+    assert ids.consumer_id_list == ["10.0.0.7@1"]  # registered all the same, as Apache
+
+
 def test_heartbeat_with_a_bad_body(env):
     reply = env.ask(RequestCode.HEART_BEAT, body=b"{not json")
     assert reply.code == ResponseCode.SYSTEM_ERROR and reply.remark

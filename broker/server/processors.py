@@ -545,10 +545,11 @@ class BrokerCore:
     def heart_beat(self, req: Request) -> Reply:
         data = HeartbeatData.decode(req.body)
         for consumer in data.consumers:
-            if self.store.groups.find(consumer.group_name) is not None:
+            group = self.store.groups.find(consumer.group_name)
+            if group is not None:
                 retry = retry_topic(consumer.group_name)
-                if self.store.topics.get(retry) is None:
-                    self.store.topics.create_topic_in_send_back(retry, 1)
+                if self.store.topics.get(retry) is None:  # ClientManageProcessor: the group's retry queues
+                    self.store.topics.create_topic_in_send_back(retry, group.retry_queue_nums)
                     self.on_topics_changed()
                 # 5.x's subscriptionDataSet: offline readers see topics a group never committed on.
                 # No subscriptions (pull consumers; 5.x withoutSub heartbeats) says nothing: keep what is known.
