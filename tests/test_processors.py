@@ -434,10 +434,23 @@ def test_pull_for_a_group_with_consume_disabled(env):
 def test_pull_without_subscription_flag_needs_a_heartbeat(env):
     fill(env, 1)
     reply = env.pull("Orders", 0, 0, flags=0)
-    assert reply.code == ResponseCode.SUBSCRIPTION_NOT_EXIST
-    assert reply.remark.startswith("the consumer's subscription not exist")
+    assert (reply.code, reply.remark) == (ResponseCode.SUBSCRIPTION_NOT_EXIST, "the consumer's group info not exist")
+    heartbeat(env, "CG", ["Payments"])
+    reply = env.pull("Orders", 0, 0, flags=0)
+    assert (reply.code, reply.remark) == (ResponseCode.SUBSCRIPTION_NOT_EXIST, "the consumer's subscription not exist")
     heartbeat(env, "CG", ["Orders"])
     assert ok(env.pull("Orders", 0, 0, flags=0)).remark == "FOUND"
+
+
+def test_pull_by_a_broadcasting_group_that_may_not(env):
+    fill(env, 1)
+    env.store.groups.put(SubscriptionGroupConfig("Bcast", consume_broadcast_enable=False))
+    heartbeat(env, "Bcast", ["Orders"], model="BROADCASTING")
+    reply = env.pull("Orders", 0, 0, group="Bcast", flags=0)
+    assert (reply.code, reply.remark) == (ResponseCode.NO_PERMISSION,
+                                          "the consumer group[Bcast] can not consume by broadcast way")
+    heartbeat(env, "Bcast", ["Orders"], model="CLUSTERING")
+    ok(env.pull("Orders", 0, 0, group="Bcast", flags=0))
 
 
 # =====================================================================================================
@@ -544,12 +557,13 @@ def test_query_message_by_key_not_found(env):
 # =====================================================================================================
 # clients: HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP
 # =====================================================================================================
-def heartbeat(env: Env, group: str, topics: list[str], client_id: str = "10.0.0.7@1", channel=("c", 1)):
+def heartbeat(env: Env, group: str, topics: list[str], client_id: str = "10.0.0.7@1", channel=("c", 1),
+              model: str = "CLUSTERING"):
     subs = [{"classFilterMode": False, "codeSet": [], "expressionType": "TAG", "subString": "*", "subVersion": 1,
              "tagsSet": [], "topic": t} for t in topics]
     body = json.dumps({"clientID": client_id, "consumerDataSet": [
         {"consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "consumeType": "CONSUME_PASSIVELY", "groupName": group,
-         "messageModel": "CLUSTERING", "subscriptionDataSet": subs, "unitMode": False}],
+         "messageModel": model, "subscriptionDataSet": subs, "unitMode": False}],
         "producerDataSet": [{"groupName": "PG"}]}).encode()
     return ok(env.ask(RequestCode.HEART_BEAT, body=body, channel=channel))
 

@@ -29,6 +29,7 @@ from broker.remoting.bodies import (
     HeartbeatData,
     LockBatchRequestBody,
     LockBatchResponseBody,
+    MessageModel,
     MessageQueue,
     OffsetWrapper,
     TopicOffset,
@@ -442,11 +443,16 @@ class BrokerCore:
             # a pull consumer states its subscription here, not in heartbeats: record it (cheap on repeats)
             self.store.groups.add_subscription(h.consumer_group, h.topic, h.expression_type, h.subscription,
                                                h.sub_version)
-        else:
+        else:  # the subscription the group's heartbeats declared
+            info = self.clients.group_info(h.consumer_group)
+            if info is None:
+                return _error(ResponseCode.SUBSCRIPTION_NOT_EXIST, "the consumer's group info not exist")
+            if not group.consume_broadcast_enable and info.message_model == int(MessageModel.BROADCASTING):
+                return _error(ResponseCode.NO_PERMISSION,
+                              f"the consumer group[{h.consumer_group}] can not consume by broadcast way")
             sub = self.clients.subscription(h.consumer_group, h.topic)
             if sub is None:
-                return _error(ResponseCode.SUBSCRIPTION_NOT_EXIST,
-                              f"the consumer's subscription not exist, group: {h.consumer_group}")
+                return _error(ResponseCode.SUBSCRIPTION_NOT_EXIST, "the consumer's subscription not exist")
             expression_type, expression = sub.expression_type, sub.sub_string
         s = self.settings
         selects = pull_filter(h.topic, expression_type, expression, from_request=bool(flags & PullSysFlag.SUBSCRIPTION),
