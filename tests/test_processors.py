@@ -205,6 +205,7 @@ def test_unknown_topic_without_auto_create(strict):
 
 
 def test_retry_topic_is_created_even_without_auto_create(strict):
+    strict.store.groups.put(SubscriptionGroupConfig("CG"))
     ok(strict.send("%RETRY%CG", reconsume_times=1))
     assert strict.store.topics.get("%RETRY%CG").read_queue_nums == 1
     assert strict.store.max_offset("%RETRY%CG", 0) == 1
@@ -268,6 +269,12 @@ def test_wait_property_is_not_stored(env):
     ok(env.send("Orders", props={"WAIT": "true", "k": "v"}))
     props = stored(env, "Orders", 0)[0].properties
     assert "WAIT" not in props and props["k"] == "v"
+
+
+def test_send_to_the_retry_topic_of_an_unknown_group(strict):
+    reply = strict.send("%RETRY%Ghost", reconsume_times=1)
+    assert (reply.code, reply.remark) == (ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, "subscription group not exist, Ghost")
+    assert strict.store.max_offset("%RETRY%Ghost", 0) == 0 and strict.store.topics.get("%DLQ%Ghost") is None
 
 
 def test_send_to_a_retry_topic_at_the_limit_goes_to_the_dlq(env):
@@ -528,8 +535,7 @@ def test_view_message_by_commitlog_offset(env):
 def test_view_message_by_a_bad_offset(env, offset):
     ok(env.send("Orders", b"first"))
     reply = env.ask(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": str(offset)})
-    assert reply.code == ResponseCode.SYSTEM_ERROR
-    assert reply.remark.startswith(f"can not find message by the offset, {offset}")
+    assert (reply.code, reply.remark) == (ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
 
 
 def test_query_message_by_key(env):

@@ -352,7 +352,9 @@ class BrokerCore:
         if is_retry_topic(topic):
             group = consumer_group_of(topic) or ""
             sub = self.store.groups.find(group)
-            max_times = sub.retry_max_times if sub is not None else 16
+            if sub is None:  # handleRetryAndDLQ
+                return _error(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}")
+            max_times = sub.retry_max_times
             if h.max_reconsume_times is not None and req.version >= V3_4_9:
                 max_times = h.max_reconsume_times
             if reconsume >= max_times:  # handleRetryAndDLQ: at the limit it is dead
@@ -531,7 +533,8 @@ class BrokerCore:
         try:
             data = self.store.read_record_bytes(h.offset)
         except Exception as exc:  # out of range, no record there
-            return _error(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {h.offset}: {exc}")
+            log.info("VIEW_MESSAGE_BY_ID %d from %s: %s", h.offset, req.peer, exc)
+            data = b""
         if not data:
             return _error(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {h.offset}")
         return Reply(body=data)
