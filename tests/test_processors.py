@@ -184,7 +184,8 @@ def test_send_to_a_queue_beyond_the_topic_is_refused(env):
 def test_send_to_a_topic_without_write_permission(env):
     env.store.topics.put(TopicConfig("ReadOnly", 1, 1, PermName.READ))
     reply = env.send("ReadOnly")
-    assert (reply.code, reply.remark) == (ResponseCode.NO_PERMISSION, "the topic[ReadOnly] sending message is forbidden")
+    assert (reply.code, reply.remark) == (ResponseCode.NO_PERMISSION,
+                                          "the topic[ReadOnly] sending message is forbidden")
     assert env.store.max_offset("ReadOnly", 0) == 0
 
 
@@ -239,7 +240,8 @@ def test_retry_topic_over_127_characters_passes_the_name_check_but_not_the_store
                                    "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT"])
 def test_clients_may_not_send_to_system_topics(env, topic):
     reply = env.send(topic)
-    assert (reply.code, reply.remark) == (ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden.")
+    assert (reply.code, reply.remark) == (ResponseCode.NO_PERMISSION,
+                                          f"Sending message to topic[{topic}] is forbidden.")
 
 
 def test_body_over_max_message_size(env):
@@ -265,6 +267,16 @@ def test_bad_header_numbers_are_refused(env):
     assert env.store.max_offset("Orders", 0) == 0
 
 
+def test_malformed_properties_are_read_as_apache_reads_them(env):
+    """string2messageProperties: entries without a name or a value are dropped, the rest kept."""
+    header = SendMessageRequestHeader(producer_group="PG", topic="Orders", default_topic=DEFAULT_TOPIC,
+                                      default_topic_queue_nums=4, queue_id=0, sys_flag=0, born_timestamp=1, flag=0,
+                                      properties="junk\x02\x01novalue\x02k\x01v\x02empty\x01\x02\x02")
+    ok(env.ask(RequestCode.SEND_MESSAGE_V2, header.to_ext(v2=True), b"x"))
+    props = stored(env, "Orders", 0)[0].properties
+    assert set(props) == {"k", PROPERTY_UNIQ_KEY, PROPERTY_CLUSTER} and props["k"] == "v"
+
+
 def test_wait_property_is_not_stored(env):
     ok(env.send("Orders", props={"WAIT": "true", "k": "v"}))
     props = stored(env, "Orders", 0)[0].properties
@@ -273,7 +285,8 @@ def test_wait_property_is_not_stored(env):
 
 def test_send_to_the_retry_topic_of_an_unknown_group(strict):
     reply = strict.send("%RETRY%Ghost", reconsume_times=1)
-    assert (reply.code, reply.remark) == (ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, "subscription group not exist, Ghost")
+    assert (reply.code, reply.remark) == (ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                                          "subscription group not exist, Ghost")
     assert strict.store.max_offset("%RETRY%Ghost", 0) == 0 and strict.store.topics.get("%DLQ%Ghost") is None
 
 
@@ -409,7 +422,8 @@ def test_pull_commits_the_offset_it_carries(env):
 def test_pull_from_a_topic_without_read_permission(env):
     env.store.topics.put(TopicConfig("WriteOnly", 1, 1, PermName.WRITE))
     reply = env.pull("WriteOnly", 0, 0)
-    assert (reply.code, reply.remark) == (ResponseCode.NO_PERMISSION, "the topic[WriteOnly] pulling message is forbidden")
+    assert (reply.code, reply.remark) == (ResponseCode.NO_PERMISSION,
+                                          "the topic[WriteOnly] pulling message is forbidden")
 
 
 def test_pull_from_an_unknown_topic(env):

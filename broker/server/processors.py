@@ -303,7 +303,8 @@ class BrokerCore:
         if not topic.strip():
             raise TopicRefused("The specified topic is blank.")
         if not TOPIC_NAME_PATTERN.fullmatch(topic):
-            raise TopicRefused(f"The specified topic contains illegal characters, allowing only {TOPIC_NAME_PATTERN.pattern}")
+            raise TopicRefused("The specified topic contains illegal characters, allowing only "
+                               + TOPIC_NAME_PATTERN.pattern)
         if len(topic) > limit:
             raise TopicRefused("The specified topic is longer than topic max length.")
 
