@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Callable
 
 from broker.cli import EXIT_FINDINGS, EXIT_OK, _cell, _positive
+from broker.remoting.codes import perm_to_string
 
 if TYPE_CHECKING:
     from broker.client.admin import Admin
@@ -60,11 +61,6 @@ def _utc(ms: int, with_millis: bool) -> str:
     return stamp.strftime("%Y-%m-%d %H:%M:%S,%f")[:-3] if with_millis else stamp.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _perm_text(perm: int) -> str:
-    """Java ``PermName.perm2String``: 6 -> ``RW-``."""
-    return ("R" if perm & 4 else "-") + ("W" if perm & 2 else "-") + ("X" if perm & 1 else "-")
-
-
 # ---- subcommands -------------------------------------------------------------------------------------
 def cmd_update_topic(admin: Admin, args: argparse.Namespace) -> int:
     """Create/update on every master of the cluster (or the one broker), then wait for the route."""
@@ -82,7 +78,7 @@ def cmd_update_topic(admin: Admin, args: argparse.Namespace) -> int:
                            perm=args.perm, order=args.order)
         print(f"create topic to {addr} success.")
     print(f"TopicConfig [topicName={args.topic}, readQueueNums={args.read_queues}, "
-          f"writeQueueNums={args.write_queues}, perm={_perm_text(args.perm)}, topicFilterType=SINGLE_TAG, "
+          f"writeQueueNums={args.write_queues}, perm={perm_to_string(args.perm)}, topicFilterType=SINGLE_TAG, "
           f"topicSysFlag=0, order={str(args.order).lower()}]")
     sys.stdout.flush()
     if "" in targets:

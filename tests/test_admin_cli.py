@@ -176,7 +176,7 @@ def test_failures_are_one_line_and_exit_1(env, capsys):
     code, out, err = run(capsys, "updateTopic", "-n", ns, "-b", addr, "-t", CLUSTER)
     assert (code, out) == (1, "")
     assert err == (f"error: create topic {CLUSTER} on {addr} failed: SYSTEM_ERROR(1) "
-                   f"the topic[{CLUSTER}] is conflict with system reserved words\n")
+                   f"the topic[{CLUSTER}] is conflict with system reserved words.\n")
 
     code, out, err = run(capsys, "updateTopic", "-n", ns, "-b", dead, "-t", "X")
     assert (code, out) == (1, "")

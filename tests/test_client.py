@@ -172,7 +172,7 @@ def test_lookups_and_admin_requests(broker):
         configs = call(RequestCode.GET_ALL_TOPIC_CONFIG)
         assert b'"LookupTopic"' in configs.body
         unknown = call(9999)
-        assert (unknown.code, unknown.remark) == (ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "request type 9999 not supported")
+        assert (unknown.code, unknown.remark) == (ResponseCode.REQUEST_CODE_NOT_SUPPORTED, " request type 9999 not supported")
         bad = call(RequestCode.PULL_MESSAGE, {"topic": "LookupTopic"})
         assert bad.code == ResponseCode.SYSTEM_ERROR and "consumerGroup" in bad.remark
     finally:

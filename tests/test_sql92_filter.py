@@ -281,12 +281,12 @@ def _check(core: BrokerCore, expression: str, expression_type: str = "SQL92"):
 
 def test_pull_returns_only_matching_messages_and_moves_past_the_rest(store):
     core = _core(store)
-    assert _pull(core, "seq IS NOT NULL") == (0, "8", [0, 2, 4, 6], None)
-    assert _pull(core, "a > 5 AND b = 'x'") == (0, "8", [1, 3, 6], None)  # offset 7's "abc" fails to convert
-    assert _pull(core, "TAGS = 'TagA' AND a IS NOT NULL") == (0, "8", [1, 3, 5, 7], None)
+    assert _pull(core, "seq IS NOT NULL") == (0, "8", [0, 2, 4, 6], "FOUND")
+    assert _pull(core, "a > 5 AND b = 'x'") == (0, "8", [1, 3, 6], "FOUND")  # offset 7's "abc" fails to convert
+    assert _pull(core, "TAGS = 'TagA' AND a IS NOT NULL") == (0, "8", [1, 3, 5, 7], "FOUND")
     # a full batch stops after its last message: the next pull starts right after it
-    assert _pull(core, "seq IS NOT NULL", max_nums=2) == (0, "3", [0, 2], None)
-    assert _pull(core, "seq IS NOT NULL", 3, max_nums=2) == (0, "7", [4, 6], None)
+    assert _pull(core, "seq IS NOT NULL", max_nums=2) == (0, "3", [0, 2], "FOUND")
+    assert _pull(core, "seq IS NOT NULL", 3, max_nums=2) == (0, "7", [4, 6], "FOUND")
     # nothing left that matches: PULL_RETRY_IMMEDIATELY, and the offset still moves to the end
     assert _pull(core, "seq IS NOT NULL", 7) == (ResponseCode.PULL_RETRY_IMMEDIATELY, "8", [], "NO_MATCHED_MESSAGE")
     assert _pull(core, "nosuch = 1") == (ResponseCode.PULL_RETRY_IMMEDIATELY, "8", [], "NO_MATCHED_MESSAGE")
@@ -301,7 +301,7 @@ def test_pull_returns_only_matching_messages_and_moves_past_the_rest(store):
 def test_heartbeat_subscription_filters_pulls_without_one(store):
     core = _core(store)
     _heartbeat(core, "G", SubscriptionData("Props", "a BETWEEN 2 AND 7", expression_type="SQL92"))
-    assert _pull(core, None) == (0, "8", [1, 3, 5], None)
+    assert _pull(core, None) == (0, "8", [1, 3, 5], "FOUND")
     _heartbeat(core, "G", SubscriptionData("Props", "a NOT IN ('1', '2')", expression_type="SQL92"))
     assert _pull(core, None)[2] == [1, 2, 3, 6, 7]
     _heartbeat(core, "G", SubscriptionData("Props", "TagA", expression_type="TAG"))
@@ -351,9 +351,9 @@ def test_retry_topic_uses_the_groups_subscription_to_the_original_topic(store):
                SubscriptionData("Props", "a > 5", expression_type="SQL92"),
                SubscriptionData("Other", "TagZ"))
     # Props retries obey "a > 5"; a TAG-subscribed or unknown original topic lets its retries through
-    assert _pull(core, "*", topic="%RETRY%G", expression_type="TAG") == (0, "6", [0, 2, 4, 5], None)
-    assert _pull(core, None, topic="%RETRY%G") == (0, "6", [0, 2, 4, 5], None)
-    assert _pull(core, "*", 1, topic="%RETRY%G", expression_type="TAG", max_nums=1) == (0, "3", [2], None)
+    assert _pull(core, "*", topic="%RETRY%G", expression_type="TAG") == (0, "6", [0, 2, 4, 5], "FOUND")
+    assert _pull(core, None, topic="%RETRY%G") == (0, "6", [0, 2, 4, 5], "FOUND")
+    assert _pull(core, "*", 1, topic="%RETRY%G", expression_type="TAG", max_nums=1) == (0, "3", [2], "FOUND")
     # with the switch off the broker evaluates no SQL92: every retry is delivered
     assert _pull(_core(store, enabled=False), "*", topic="%RETRY%G", expression_type="TAG")[2] == list(range(6))
 

@@ -230,6 +230,12 @@ def is_inherited(perm: int) -> bool:
     return bool(perm & PermName.INHERIT)
 
 
+def perm_to_string(perm: int) -> str:
+    """Java ``PermName.perm2String``: 6 -> ``RW-`` (read, write, inherit)."""
+    return ("R" if is_readable(perm) else "-") + ("W" if is_writeable(perm) else "-") + \
+        ("X" if is_inherited(perm) else "-")
+
+
 class Version(IntEnum):
     """Ordinals of Java's ``MQVersion.Version`` that change server behaviour (section 2)."""
 

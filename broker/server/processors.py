@@ -29,6 +29,7 @@ from broker.remoting.bodies import (
     HeartbeatData,
     LockBatchRequestBody,
     LockBatchResponseBody,
+    MessageModel,
     MessageQueue,
     OffsetWrapper,
     TopicOffset,
@@ -36,7 +37,7 @@ from broker.remoting.bodies import (
     dumps_json,
     loads_lenient,
 )
-from broker.remoting.codes import PermName, PullSysFlag, RequestCode, ResponseCode
+from broker.remoting.codes import PermName, PullSysFlag, RequestCode, ResponseCode, perm_to_string
 from broker.remoting.command import HeaderError, ProtocolError
 from broker.remoting.headers import (
     ConsumerSendMsgBackRequestHeader,
@@ -71,11 +72,13 @@ from broker.store.constants import (
     COMPRESSED_FLAG,
     COMPRESSION_TYPE_MASK,
     MAX_PROPERTIES_LENGTH,
+    MAX_TOPIC_LENGTH,
     NAME_VALUE_SEPARATOR,
     PROPERTY_CLUSTER,
     PROPERTY_SEPARATOR,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT,
+    TOPIC_NAME_PATTERN,
 )
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord
@@ -93,7 +96,6 @@ from broker.store.topics import (
     dlq_topic,
     is_retry_topic,
     retry_topic,
-    validate_topic,
 )
 
 log = logging.getLogger(__name__)
@@ -105,6 +107,10 @@ V3_4_9 = 121  # clients at or above honour maxReconsumeTimes from the send-back 
 # TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET: only the broker itself writes these
 NOT_ALLOWED_SEND_TOPICS = frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
                                      "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT"})
+
+
+class TopicRefused(InvalidTopicError):
+    """A topic name ``TopicValidator.validateTopic`` refuses; the message is Apache's remark."""
 
 
 @dataclass
@@ -143,8 +149,21 @@ class PreparedSend:
 SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE})
 
 
+# SendMessageProcessor's remark for a put refused as MESSAGE_ILLEGAL / PROPERTIES_SIZE_EXCEEDED (4.9.x wording)
+MESSAGE_ILLEGAL_REMARK = ("the message is illegal, maybe msg body or properties length not matched. "
+                          "msg body length limit 128k, msg properties length limit 32k.")
+
+
 def _error(code: int, remark: str) -> Reply:
     return Reply(code=code, remark=remark)
+
+
+def _topic_config_text(config: TopicConfig) -> str:
+    """Java ``TopicConfig.toString()`` (4.9.x), quoted in the send processor's illegal-queue remark."""
+    return (f"TopicConfig [topicName={config.topic_name}, readQueueNums={config.read_queue_nums}, "
+            f"writeQueueNums={config.write_queue_nums}, perm={perm_to_string(config.perm)}, "
+            f"topicFilterType={config.topic_filter_type}, topicSysFlag={config.topic_sys_flag}, "
+            f"order={'true' if config.order else 'false'}]")
 
 
 _PULL_CODES = {
@@ -231,7 +250,8 @@ class BrokerCore:
     def process(self, req: Request) -> Reply:
         handler = self._handlers.get(req.code)
         if handler is None:
-            return _error(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request type {req.code} not supported")
+            # NettyRemotingAbstract's remark, leading space included
+            return _error(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {req.code} not supported")
         return self._guarded(handler, req)
 
     def send_messages(self, reqs: list[Request]) -> list[Reply]:
@@ -265,6 +285,8 @@ class BrokerCore:
         except (HeaderError, ProtocolError) as exc:
             log.info("bad request %d from %s: %s", req.code, req.peer, exc)
             return _error(ResponseCode.SYSTEM_ERROR, str(exc))
+        except TopicRefused as exc:  # Apache's own remark
+            return _error(ResponseCode.SYSTEM_ERROR, str(exc))
         except InvalidTopicError as exc:
             return _error(ResponseCode.SYSTEM_ERROR, f"invalid topic: {exc}")
         except Exception as exc:  # never let one request take the broker down
@@ -273,16 +295,18 @@ class BrokerCore:
 
     # ---- topics --------------------------------------------------------------------------------------
     def _check_topic_name(self, topic: str) -> None:
-        limit = RETRY_TOPIC_MAX_LENGTH if is_retry_topic(topic) or topic.startswith(DLQ_GROUP_TOPIC_PREFIX) else None
-        if limit is not None:
-            if len(topic) > limit:
-                raise InvalidTopicError(f"topic is {len(topic)} chars, the limit is {limit}")
-            validate_topic(topic[:127])  # characters only
-            for ch in topic:
-                if not (ch.isascii() and (ch.isalnum() or ch in "%|_-")):
-                    raise InvalidTopicError(f"topic {topic!r} has characters outside [%|a-zA-Z0-9_-]")
-        else:
-            validate_topic(topic)
+        """``TopicValidator.validateTopic`` with its remarks (blank, then characters, then length); the
+        names also become queue directory names, so this keeps every read and write inside the store.
+        Retry and DLQ topics carry a group name and may be 255 characters long."""
+        limit = RETRY_TOPIC_MAX_LENGTH if is_retry_topic(topic) or topic.startswith(DLQ_GROUP_TOPIC_PREFIX) \
+            else MAX_TOPIC_LENGTH
+        if not topic.strip():
+            raise TopicRefused("The specified topic is blank.")
+        if not TOPIC_NAME_PATTERN.fullmatch(topic):
+            raise TopicRefused("The specified topic contains illegal characters, allowing only "
+                               + TOPIC_NAME_PATTERN.pattern)
+        if len(topic) > limit:
+            raise TopicRefused("The specified topic is longer than topic max length.")
 
     def _topic_for_send(self, h: SendMessageRequestHeader) -> TopicConfig | None:
         topics = self.store.topics
@@ -309,29 +333,32 @@ class BrokerCore:
         if h.topic in NOT_ALLOWED_SEND_TOPICS:  # e.g. a forged SCHEDULE_TOPIC_XXXX record would jam its delay level
             return _error(ResponseCode.NO_PERMISSION, f"Sending message to topic[{h.topic}] is forbidden.")
         if len(req.body) > self.max_message_size and not h.batch:
-            return _error(ResponseCode.MESSAGE_ILLEGAL,
-                          f"message body size {len(req.body)} exceeds maxMessageSize {self.max_message_size}")
+            log.info("send to %s from %s: body of %d bytes exceeds maxMessageSize %d", h.topic, req.peer,
+                     len(req.body), self.max_message_size)
+            return _error(ResponseCode.MESSAGE_ILLEGAL, MESSAGE_ILLEGAL_REMARK)
         config = self._topic_for_send(h)
         if config is None:
             return _error(ResponseCode.TOPIC_NOT_EXIST,
                           f"topic[{h.topic}] not exist, apply first please!")
         if not config.perm & PermName.WRITE:
-            return _error(ResponseCode.NO_PERMISSION, f"the topic[{h.topic}] sending is forbidden")
+            return _error(ResponseCode.NO_PERMISSION, f"the topic[{h.topic}] sending message is forbidden")
         queue_nums = max(config.read_queue_nums, config.write_queue_nums)
         queue_id = h.queue_id
         if queue_id < 0:
             queue_id = random.randrange(max(config.write_queue_nums, 1))
         elif queue_id >= queue_nums:
-            return _error(ResponseCode.INVALID_PARAMETER,
-                          f"request queueId[{queue_id}] is illegal, topic has {queue_nums} queues")
+            return _error(ResponseCode.SYSTEM_ERROR, f"request queueId[{queue_id}] is illegal, "
+                                                     f"{_topic_config_text(config)} Producer: {req.peer}")
         topic, reconsume = h.topic, h.reconsume_times or 0
         if is_retry_topic(topic):
             group = consumer_group_of(topic) or ""
             sub = self.store.groups.find(group)
-            max_times = sub.retry_max_times if sub is not None else 16
+            if sub is None:  # handleRetryAndDLQ
+                return _error(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}")
+            max_times = sub.retry_max_times
             if h.max_reconsume_times is not None and req.version >= V3_4_9:
                 max_times = h.max_reconsume_times
-            if reconsume > max_times:
+            if reconsume >= max_times:  # handleRetryAndDLQ: at the limit it is dead
                 topic, queue_id = dlq_topic(group), 0
                 if self.store.topics.get(topic) is None:
                     self.store.topics.create_topic_in_send_back(topic, 1)
@@ -346,7 +373,9 @@ class BrokerCore:
         props[PROPERTY_CLUSTER] = self.cluster_name
         raw = encode_properties(props)
         if len(raw.encode("utf-8")) > MAX_PROPERTIES_LENGTH:
-            return _error(ResponseCode.MESSAGE_ILLEGAL, f"properties of {len(raw)} chars exceed 32767 bytes")
+            log.info("send to %s from %s: properties of %d chars exceed %d bytes", h.topic, req.peer, len(raw),
+                     MAX_PROPERTIES_LENGTH)
+            return _error(ResponseCode.MESSAGE_ILLEGAL, MESSAGE_ILLEGAL_REMARK)
         rec = MessageRecord(topic=topic, body=req.body, properties_raw=raw, queue_id=queue_id, flag=h.flag,
                             sys_flag=h.sys_flag, born_timestamp=h.born_timestamp, born_host=born,
                             store_host=self.store_host, reconsume_times=reconsume)
@@ -355,7 +384,7 @@ class BrokerCore:
     def _send_batch(self, h: SendMessageRequestHeader, body: bytes, topic: str, queue_id: int,
                     born: Host) -> Reply | PreparedSend:
         if is_retry_topic(topic):
-            return _error(ResponseCode.MESSAGE_ILLEGAL, "batch sends to a retry topic are not allowed")
+            return _error(ResponseCode.MESSAGE_ILLEGAL, f"batch request does not support retry group {topic}")
         if h.sys_flag & COMPRESSED_FLAG:  # the C++ client zlib-compresses whole batches >= 4 KiB
             try:
                 body = zlib.decompress(body)
@@ -384,6 +413,8 @@ class BrokerCore:
 
     def _send_reply(self, result: PutResult, queue_id: int, uniq_key: str | None) -> Reply:
         code = _PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
+        if code == ResponseCode.MESSAGE_ILLEGAL:
+            return _error(code, MESSAGE_ILLEGAL_REMARK)
         if code not in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT):
             return _error(code, result.status.value)
         ext = {"msgId": result.msg_id, "queueId": str(queue_id), "queueOffset": str(result.queue_offset)}
@@ -394,28 +425,37 @@ class BrokerCore:
     # ---- pull ------------------------------------------------------------------------------------------
     def pull_message(self, req: Request) -> Reply:
         h = PullMessageRequestHeader.from_ext(req.ext)
-        if self.store.groups.find(h.consumer_group) is None:
+        group = self.store.groups.find(h.consumer_group)
+        if group is None:
             return _error(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
                           f"subscription group [{h.consumer_group}] does not exist")
+        if not group.consume_enable:
+            return _error(ResponseCode.NO_PERMISSION, f"subscription group no permission, {h.consumer_group}")
         config = self.store.topics.get(h.topic)
         if config is None:
             return _error(ResponseCode.TOPIC_NOT_EXIST, f"topic[{h.topic}] not exist, apply first please!")
         if not config.perm & PermName.READ:
             return _error(ResponseCode.NO_PERMISSION, f"the topic[{h.topic}] pulling message is forbidden")
         if not 0 <= h.queue_id < config.read_queue_nums:
-            return _error(ResponseCode.INVALID_PARAMETER,
-                          f"queueId[{h.queue_id}] is illegal, topic:[{h.topic}] readQueueNums:[{config.read_queue_nums}]")
+            return _error(ResponseCode.SYSTEM_ERROR,
+                          f"queueId[{h.queue_id}] is illegal, topic:[{h.topic}] "
+                          f"topicConfig.readQueueNums:[{config.read_queue_nums}] consumer:[{req.peer}]")
         flags = h.sys_flag
         if flags & PullSysFlag.SUBSCRIPTION:
             expression_type, expression = h.expression_type, h.subscription
             # a pull consumer states its subscription here, not in heartbeats: record it (cheap on repeats)
             self.store.groups.add_subscription(h.consumer_group, h.topic, h.expression_type, h.subscription,
                                                h.sub_version)
-        else:
+        else:  # the subscription the group's heartbeats declared
+            info = self.clients.group_info(h.consumer_group)
+            if info is None:
+                return _error(ResponseCode.SUBSCRIPTION_NOT_EXIST, "the consumer's group info not exist")
+            if not group.consume_broadcast_enable and info.message_model == int(MessageModel.BROADCASTING):
+                return _error(ResponseCode.NO_PERMISSION,
+                              f"the consumer group[{h.consumer_group}] can not consume by broadcast way")
             sub = self.clients.subscription(h.consumer_group, h.topic)
             if sub is None:
-                return _error(ResponseCode.SUBSCRIPTION_NOT_EXIST,
-                              f"the consumer's subscription not exist, group: {h.consumer_group}")
+                return _error(ResponseCode.SUBSCRIPTION_NOT_EXIST, "the consumer's subscription not exist")
             expression_type, expression = sub.expression_type, sub.sub_string
         s = self.settings
         selects = pull_filter(h.topic, expression_type, expression, from_request=bool(flags & PullSysFlag.SUBSCRIPTION),
@@ -447,7 +487,7 @@ class BrokerCore:
         ext = {"nextBeginOffset": str(got.next_begin_offset), "minOffset": str(got.min_offset),
                "maxOffset": str(got.max_offset), "suggestWhichBrokerId": "0"}
         if code == ResponseCode.SUCCESS:
-            return Reply(code=code, ext=ext, body=got.body)
+            return Reply(code=code, remark=got.status.value, ext=ext, body=got.body)
         return Reply(code=code, remark=got.status.value, ext=ext)
 
     # ---- offsets ---------------------------------------------------------------------------------------
@@ -494,7 +534,8 @@ class BrokerCore:
         try:
             data = self.store.read_record_bytes(h.offset)
         except Exception as exc:  # out of range, no record there
-            return _error(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {h.offset}: {exc}")
+            log.info("VIEW_MESSAGE_BY_ID %d from %s: %s", h.offset, req.peer, exc)
+            data = b""
         if not data:
             return _error(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {h.offset}")
         return Reply(body=data)
@@ -514,10 +555,11 @@ class BrokerCore:
     def heart_beat(self, req: Request) -> Reply:
         data = HeartbeatData.decode(req.body)
         for consumer in data.consumers:
-            if self.store.groups.find(consumer.group_name) is not None:
+            group = self.store.groups.find(consumer.group_name)
+            if group is not None:
                 retry = retry_topic(consumer.group_name)
-                if self.store.topics.get(retry) is None:
-                    self.store.topics.create_topic_in_send_back(retry, 1)
+                if self.store.topics.get(retry) is None:  # ClientManageProcessor: the group's retry queues
+                    self.store.topics.create_topic_in_send_back(retry, group.retry_queue_nums)
                     self.on_topics_changed()
                 # 5.x's subscriptionDataSet: offline readers see topics a group never committed on.
                 # No subscriptions (pull consumers; 5.x withoutSub heartbeats) says nothing: keep what is known.
@@ -566,9 +608,11 @@ class BrokerCore:
         if result.ok:
             self.on_topics_changed()
             return Reply()
-        codes = {"SUBSCRIPTION_GROUP_NOT_EXIST": ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
-                 "MESSAGE_NOT_FOUND": ResponseCode.SYSTEM_ERROR}
-        return _error(codes.get(result.status, ResponseCode.SYSTEM_ERROR), result.status)
+        if result.status == "SUBSCRIPTION_GROUP_NOT_EXIST":
+            return _error(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {h.group}")
+        if result.status == "MESSAGE_NOT_FOUND":
+            return _error(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {h.offset}")
+        return _error(ResponseCode.SYSTEM_ERROR, result.status)  # a put status name, as Apache
 
     def lock_batch_mq(self, req: Request) -> Reply:
         body = LockBatchRequestBody.decode(req.body)
@@ -600,7 +644,7 @@ class BrokerCore:
             if not 0 <= value <= MAX_QUEUE_NUMS:
                 return _error(ResponseCode.INVALID_PARAMETER, f"{name} {value} is outside 0..{MAX_QUEUE_NUMS}")
         if h.topic == DEFAULT_TOPIC or h.topic == self.cluster_name:
-            return _error(ResponseCode.SYSTEM_ERROR, f"the topic[{h.topic}] is conflict with system reserved words")
+            return _error(ResponseCode.SYSTEM_ERROR, f"the topic[{h.topic}] is conflict with system reserved words.")
         self.store.topics.put(TopicConfig(h.topic, read_queue_nums=h.read_queue_nums,
                                           write_queue_nums=h.write_queue_nums, perm=h.perm,
                                           topic_filter_type=h.topic_filter_type or "SINGLE_TAG",
