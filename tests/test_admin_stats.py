@@ -388,7 +388,7 @@ def test_query_consume_time_span(env):
 def test_admin_client_against_a_real_broker(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("NAMESRV_ADDR", raising=False)
     from broker.client import Admin, Message, Producer, PullConsumer
-    from tests.broker_harness import start_broker, start_namesrv
+    from tests.broker_harness import start_broker, start_namesrv, stored_messages, wait_until
 
     ns, ns_addr = start_namesrv(tmp_path)
     broker = start_broker(tmp_path / "store", ns_addr, {})
@@ -399,6 +399,7 @@ def test_admin_client_against_a_real_broker(tmp_path, capsys, monkeypatch):
             with Producer("PG_STATS", ns_addr) as producer:
                 for i in range(4):
                     assert producer.send(Message("StatsT", f"m{i}".encode())).status.name == "SEND_OK"
+            wait_until(lambda: stored_messages(admin, broker.addr, "StatsT") == 4, "the 4 sends to be dispatched")
             with PullConsumer("CG_STATS", ns_addr) as consumer:
                 (mq,) = consumer.queues("StatsT")
                 assert len(consumer.pull(mq, 0).messages) == 4

@@ -1,5 +1,7 @@
 """Broker settings: Apache key names from TOML, type checks, overrides."""
 
+import time
+
 import pytest
 
 from broker.server.settings import BrokerSettings, SettingsError, load_settings
@@ -386,6 +388,11 @@ def test_real_broker_from_broker_conf_get_and_update_over_the_wire(tmp_path):
                                        properties="", reconsume_times=0, unit_mode=False, batch=False).to_ext()
         for _ in range(5):
             assert client.invoke(RemotingCommand.request(RequestCode.SEND_MESSAGE, ext, b"m"), timeout=10).code == 0
+        deadline = time.monotonic() + 30  # acknowledged sends reach the queue a moment later (the dispatcher)
+        while client.invoke(RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "Wire", "queueId": 0}),
+                            timeout=10).ext_fields["offset"] != "5":
+            assert time.monotonic() < deadline, "the 5 sends were not dispatched"
+            time.sleep(0.02)
         resp = client.invoke(RemotingCommand.request(RequestCode.PULL_MESSAGE, pull_ext("Wire", 0)), timeout=10)
         assert resp.code == ResponseCode.SUCCESS and resp.ext_fields["nextBeginOffset"] == "2"
         # short polling: a pull at the end comes back PULL_NOT_FOUND instead of being held its 15 s

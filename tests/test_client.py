@@ -144,6 +144,11 @@ def test_lookups_and_admin_requests(broker):
         def call(code, ext=None, body=b""):
             return client.invoke(broker.addr, RemotingCommand.request(code, ext or {}, body))
 
+        def dispatched() -> int:  # acknowledged sends reach the queues and the index a moment later
+            table = TopicStatsTable.decode(call(RequestCode.GET_TOPIC_STATS_INFO, {"topic": "LookupTopic"}).body)
+            return sum(o.max_offset for o in table.offset_table.values())
+
+        wait_until(lambda: dispatched() == 6, "the 6 sends to be dispatched")
         found = call(RequestCode.QUERY_MESSAGE, {"topic": "LookupTopic", "key": "shared-key", "maxNum": 64,
                                                  "beginTimestamp": 0, "endTimestamp": 2**62})
         assert found.code == ResponseCode.SUCCESS

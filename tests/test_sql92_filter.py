@@ -389,6 +389,9 @@ def test_python_client_subscribes_by_sql92(broker):
     assert want_ab == [7, 11, 13, 17, 19, 23]
 
     with PullConsumer("CG_SQL_PULL", broker.namesrv) as consumer:
+        # acknowledged sends reach the consume queues a moment later (the dispatcher process)
+        _wait(lambda: sum(consumer.max_offset(mq) for mq in consumer.queues("SqlTopic")) == len(rows),
+              "every send to be dispatched")
         got, nexts = [], []
         for mq in consumer.queues("SqlTopic"):
             res = consumer.pull(mq, 0, 32, "a > 5 AND b = 'x'", expression_type=ExpressionType.SQL92)
