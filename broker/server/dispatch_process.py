@@ -27,6 +27,7 @@ from pathlib import Path
 from broker.server.dispatch import Dispatcher, QueueRegistry
 from broker.server.message_store import MessageStore
 from broker.server.store_settings import StoreSettings
+from broker.store.commitlog import CommitLog
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, 
     grown: dict[tuple[str, int], int] = {}
     dispatcher.add_listener(lambda topic, qid, nxt: grown.__setitem__((topic, qid), nxt))
     last_sync = time.monotonic()
+    commitlog: CommitLog | None = None  # listed again only when the committed end passes its last file
     log.info("dispatching %s from commitlog offset %d", store_dir, start_offset)
     try:
         while True:
@@ -96,7 +98,10 @@ def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, 
                 _run_commands(commands, dispatcher, out)
             end = committed.value
             if end > dispatcher.next_offset:
-                dispatcher.catch_up(dispatcher.next_offset, end)
+                if commitlog is None or not commitlog.segments or \
+                        end > commitlog.segments[-1].base + settings.segment_bytes:
+                    commitlog = CommitLog.open(store_path, settings.segment_bytes)  # a new file was rolled
+                dispatcher.catch_up(dispatcher.next_offset, end, commitlog)
                 dispatcher.next_offset = max(dispatcher.next_offset, end)
                 report = [(t, q, nxt, registry.get(t, q).max_phy_end) for (t, q), nxt in grown.items()]
                 grown.clear()
