@@ -23,6 +23,7 @@ import pytest
 from deltalake import DeltaTable
 
 from broker.store.commitlog import CommitLog, CommitLogWriter
+from broker.store.config_files import save_topic_fences
 from broker.store.consume_queue import ConsumeQueueDispatcher
 from broker.store.index_file import IndexFile
 from broker.store.java_hash import index_key_hash, java_string_hash
@@ -293,6 +294,12 @@ def _damage(store: Path, records: list[dict]) -> set[tuple]:
     _patch(Path(seg), pos, bytes(r["storeSize"]))
     expect.add((A.CORRUPT_REGION, seg, pos, r["phyOffset"]))
     expect.add((A.CQ_DANGLING, *_cq_place(store, "TopicOrders", 3, r["cqLogicOffset"]), r["phyOffset"]))
+
+    # a topic deleted on the broker (DELETE_TOPIC_IN_BROKER): its queues are gone and its records lie
+    # below the fence the broker saved; they are not missing units (no finding expected)
+    shutil.rmtree(store / "consumequeue" / "%DLQ%groupA")
+    save_topic_fences(store, {"%DLQ%groupA": sum(p.stat().st_size for p in (store / "commitlog").iterdir())},
+                      fsync=False)
     return expect
 
 

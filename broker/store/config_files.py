@@ -892,11 +892,15 @@ def load_topic_fences(store_dir: str | os.PathLike) -> dict[str, int]:
     loaded = read_config_json(config_path(store_dir, DELETED_TOPICS_FILE))
     if loaded is None:
         return {}
-    data = _as_object(loaded.data, DELETED_TOPICS_FILE)
+    return topic_fences_from(loaded.data, loaded.source)
+
+
+def topic_fences_from(data: object, source: str | os.PathLike) -> dict[str, int]:
+    """The fences of a parsed ``DELETED_TOPICS_FILE`` (also for a store read through a URI)."""
     fences = {}
-    for topic, fence in data.items():
+    for topic, fence in _as_object(data, DELETED_TOPICS_FILE).items():
         if not isinstance(fence, int) or isinstance(fence, bool) or fence < 0:
-            raise ConfigFileError(f"{loaded.source}: fence of {topic!r} is not a commitlog offset: {fence!r}")
+            raise ConfigFileError(f"{source}: fence of {topic!r} is not a commitlog offset: {fence!r}")
         fences[str(topic)] = fence
     return fences
 

@@ -27,7 +27,9 @@ Finding kinds (:data:`KINDS`) and their rules:
 ``cq_missing_unit``
     A dispatchable record (transaction type NOT or COMMIT; PREPARED and ROLLBACK are never queued)
     at or below the newest unit's commitlog offset that no unit points at. Records after the last
-    dispatched one are the dispatcher's backlog, not a defect. file/offset: where its unit belongs.
+    dispatched one are the dispatcher's backlog, not a defect; nor are the records of a topic deleted on
+    the broker that lie below its fence (``config/rocketlakeDeletedTopics.json``: the commitlog end at
+    deletion). file/offset: where its unit belongs.
 ``cq_offset_gap`` / ``cq_offset_repeat``
     Per queue, logical offsets must be consecutive from the smallest one: a gap is reported where
     the first missing unit belongs, a repeat (a second unit with the same logical offset) there.
@@ -76,12 +78,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker.store import findings as fk
+from broker.store.config_files import load_topic_fences, parse_config_text, topic_fences_from
 from broker.store.constants import (
     COMMITLOG_DIR,
+    CONFIG_DIR,
     CONSUME_QUEUE_DIR,
     CQ_STORE_UNIT_SIZE,
     DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE,
     DEFAULT_MAX_HASH_SLOT_NUM,
+    DELETED_TOPICS_FILE,
     INDEX_DIR,
     INDEX_HASH_SLOT_SIZE,
     INDEX_HEADER_SIZE,
@@ -157,6 +162,9 @@ class StoreLayout:
     cq_file_size_exceptions: dict[tuple[str, int], int] = field(default_factory=dict)
     index_slots: dict[str, int] = field(default_factory=dict)
     default_index_slots: int = DEFAULT_MAX_HASH_SLOT_NUM
+    # topics deleted on the broker (DELETE_TOPIC_IN_BROKER): their records below the fence (the
+    # commitlog end at deletion) are never queued again, so no unit is missing for them
+    topic_fences: dict[str, int] = field(default_factory=dict)
 
     def index_file_slots(self, name: str) -> int:
         return self.index_slots.get(name, self.default_index_slots)
@@ -180,7 +188,10 @@ def read_layout(spec: StoreSpec) -> StoreLayout:
     files.commitlog_segments()  # a URI without a store is an error, not a store without findings
     sizes = {key: files.queue_file_size(qfiles) for key, qfiles in files.queue_files().items()}
     slots = {f.name: geometry[0] for f in files.index_files() if (geometry := infer_index_geometry(f.size))}
-    return _layout(spec.name, location.uri, sizes, slots)
+    raw = files.read_file(CONFIG_DIR, DELETED_TOPICS_FILE)
+    label = files.label(CONFIG_DIR, DELETED_TOPICS_FILE)
+    fences = topic_fences_from(parse_config_text(raw.decode("utf-8"), label), label) if raw is not None else {}
+    return _layout(spec.name, location.uri, sizes, slots, fences)
 
 
 def _read_local_layout(name: str, root: str) -> StoreLayout:
@@ -196,14 +207,15 @@ def _read_local_layout(name: str, root: str) -> StoreLayout:
                 geometry = infer_index_geometry(p.stat().st_size)
                 if geometry:
                     slots[p.name] = geometry[0]
-    return _layout(name, root, sizes, slots)
+    return _layout(name, root, sizes, slots, load_topic_fences(root))
 
 
-def _layout(name: str, root: str, sizes: dict[tuple[str, int], int], slots: dict[str, int]) -> StoreLayout:
+def _layout(name: str, root: str, sizes: dict[tuple[str, int], int], slots: dict[str, int],
+            fences: dict[str, int]) -> StoreLayout:
     """The layout from per-queue CQ file sizes and per-index-file slot counts (most common = usual)."""
     usual = _most_common(list(sizes.values()), DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE)
     return StoreLayout(name, root, usual, {k: s for k, s in sizes.items() if s != usual}, slots,
-                       _most_common(list(slots.values()), DEFAULT_MAX_HASH_SLOT_NUM))
+                       _most_common(list(slots.values()), DEFAULT_MAX_HASH_SLOT_NUM), dict(fences))
 
 
 # ---- Spark helpers ------------------------------------------------------------------------------------
@@ -421,6 +433,9 @@ def queue_findings(inputs: AuditInputs, layouts: list[StoreLayout], bounds: Boun
     rec_lo = _lookup({b: lo for b, (lo, _) in bounds.records.items()}, broker, "bigint")
     rec_hi = _lookup({b: hi for b, (_, hi) in bounds.records.items()}, broker, "bigint")
     last_dispatched = _lookup(bounds.last_dispatched, broker, "bigint")
+    fence = F.coalesce(_lookup({_KEY_SEP.join((lay.broker_name, topic)): f for lay in layouts
+                                for topic, f in lay.topic_fences.items()},
+                               F.concat_ws(_KEY_SEP, broker, c("rec_topic")), "bigint"), F.lit(-1))
     recs = inputs.records.select(
         "broker_name", c("commitlog_offset").alias("phy"), c("store_size").alias("rec_size"),
         c("topic").alias("rec_topic"), c("queue_id").alias("rec_queue_id"),
@@ -433,8 +448,8 @@ def queue_findings(inputs: AuditInputs, layouts: list[StoreLayout], bounds: Boun
     wrong_offset = c("rec_queue_offset") != c("queue_offset")
     kind = (F.when(has_unit & ~has_rec & (c("phy") >= rec_lo) & (c("phy") < rec_hi), F.lit(CQ_DANGLING))
             .when(has_unit & has_rec & (other_queue | wrong_size | wrong_offset), F.lit(CQ_MISMATCH))
-            .when(~has_unit & c("txn").isin(*QUEUED_TRANSACTION_TYPE_NAMES) & (c("phy") <= last_dispatched),
-                  F.lit(CQ_MISSING)))
+            .when(~has_unit & c("txn").isin(*QUEUED_TRANSACTION_TYPE_NAMES) & (c("phy") <= last_dispatched)
+                  & (c("phy") >= fence), F.lit(CQ_MISSING)))
     joined = units.join(recs, ["broker_name", "phy"], "full").withColumn("kind", kind).filter(c("kind").isNotNull())
     missing = c("kind") == CQ_MISSING
     joined = (joined.withColumn("loc_topic", F.when(missing, c("rec_topic")).otherwise(c("topic")))
