@@ -342,7 +342,7 @@ def test_namesrv_config_get_and_update():
                 (b"scanNotActiveBrokerInterval=0\norderMessageEnable=yes\n", ResponseCode.INVALID_PARAMETER,
                  "orderMessageEnable: 'yes' is not true or false; "
                  "scanNotActiveBrokerInterval: '0' is not a positive number of milliseconds"),
-                (b"k=\\u12\n", ResponseCode.SYSTEM_ERROR, "string2Properties error: Malformed \\uxxxx encoding: \\u12"),
+                (b"k=\\u12\n", ResponseCode.SYSTEM_ERROR, "string2Properties error: line 1: malformed \\uxxxx encoding '\\\\u12'"),
             ]:
                 resp = await ask(RequestCode.UPDATE_NAMESRV_CONFIG, body)
                 assert (resp.code, resp.remark) == (code, remark)

@@ -31,9 +31,9 @@ from broker.server.stats import (
     TOPIC_PUT_SIZE,
     BrokerStatsManager,
     StatsSnapshot,
-    java_double,
     next_morning_ms,
 )
+from broker.remoting.java_text import java_double
 from broker.store.config_files import TopicConfig
 from broker.store.message_id import decode_offset_msg_id
 

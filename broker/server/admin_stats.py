@@ -38,7 +38,8 @@ from broker.remoting.headers import (
     QueryTopicConsumeByWhoRequestHeader,
     ViewBrokerStatsDataRequestHeader,
 )
-from broker.server.stats import GROUP_GET_NUMS, StatsSnapshot, java_double
+from broker.remoting.java_text import java_double
+from broker.server.stats import GROUP_GET_NUMS, StatsSnapshot
 from broker.store.constants import PROPERTY_RETRY_TOPIC
 from broker.store.properties import decode_properties
 from broker.store.topics import SCHEDULE_TOPIC

@@ -302,12 +302,7 @@ class Dispatcher:
             self.released = True
 
     def close(self) -> None:
-        with self.index_lock:
-            if self.released:
-                return
-            self.cq.close()
-            self.index.close()
-            self.released = True
+        self.release_writers()  # the same: nothing of ours is written any more
 
 
 # =====================================================================================================

@@ -32,8 +32,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from decimal import Decimal
 
+from broker.remoting.java_text import java_double
 from broker.store.clock import now_ms as epoch_ms
 
 log = logging.getLogger(__name__)
@@ -76,24 +76,6 @@ def next_morning_ms(now_ms: int) -> int:
     local = datetime.fromtimestamp(now_ms / 1000)
     midnight = datetime.combine(local.date() + timedelta(days=1), datetime.min.time())
     return int(midnight.timestamp() * 1000)
-
-
-def java_double(value: float) -> str:
-    """``Double.toString``: ``0.0``, ``12.5``, ``1.0E7``, ``1.0E-4``, ``NaN``, ``Infinity``."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    if value == 0:
-        return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
-    if 1e-3 <= abs(value) < 1e7:
-        text = repr(float(value))
-        return text if "." in text else text + ".0"
-    mantissa, _, exponent = f"{Decimal(repr(float(value))):E}".partition("E")  # shortest digits
-    if "." in mantissa:
-        mantissa = mantissa.rstrip("0")
-    mantissa = mantissa + "0" if mantissa.endswith(".") else mantissa if "." in mantissa else mantissa + ".0"
-    return f"{mantissa}E{int(exponent)}"
 
 
 @dataclass(frozen=True)

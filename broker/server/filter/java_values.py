@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import re
 import struct
-from decimal import Decimal
+
+from broker.remoting.java_text import java_double
 
 INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
 LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1
@@ -195,24 +196,8 @@ def to_text(value: object) -> str:
     if isinstance(value, str):
         return "'" + value.replace("'", "''") + "'"
     if isinstance(value, float):
-        return _java_double_text(value)
+        return java_double(value)
     return str(int(value))  # type: ignore[arg-type]
-
-
-def _java_double_text(value: float) -> str:
-    """``Double.toString``: plain between 10^-3 and 10^7, else ``d.dddE±n``; shortest digits."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    if value == 0:
-        return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
-    if 1e-3 <= abs(value) < 1e7:
-        return repr(value)
-    sign, digits, exponent = Decimal(repr(value)).as_tuple()
-    text = "".join(map(str, digits)).rstrip("0") or "0"
-    power = len(digits) + int(exponent) - 1
-    return f"{'-' if sign else ''}{text[0]}.{text[1:] or '0'}E{power}"
 
 
 def to_java_string(value: object) -> str:
