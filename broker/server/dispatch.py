@@ -320,6 +320,7 @@ class DispatchMode(Protocol):
     """What the store needs from whoever builds its consume queues and index."""
 
     external: bool
+    deleter: Callable[[str, int], None] | None  # removes a topic's queues in the process that writes them
 
     def opened(self, committed_end: int) -> None:
         """The store finished recovery (which dispatched everything up to ``committed_end``)."""
@@ -352,6 +353,7 @@ class InlineDispatch:
 
     def __init__(self, dispatcher: Dispatcher) -> None:
         self.dispatcher = dispatcher
+        self.deleter: Callable[[str, int], None] | None = None  # not used: the queues are removed here
 
     def opened(self, committed_end: int) -> None:
         pass

@@ -283,7 +283,6 @@ class MessageStore:
         self.consumer_offsets: ConsumerOffsetManager | None = None
         self.delay_offsets: DelayOffsetManager | None = None
         self._commit_listener: Callable[[int], None] | None = None
-        self._topic_deleter: Callable[[str, int], None] | None = None
         self._topic_fences: dict[str, int] = {}  # persisted in config/DELETED_TOPICS_FILE
         self._deleting: set[str] = set()  # topics whose queues are being removed: every put refused
         self._deleted: set[str] = set()  # deleted by this process: client puts refused while config-less
@@ -310,7 +309,6 @@ class MessageStore:
             self._dispatcher.topic_fences = self._load_topic_fences(report)
             self._dispatch = (ExternalDispatch(self._dispatcher, self.store_dir, self.settings)
                               if self.settings.external_dispatch else InlineDispatch(self._dispatcher))
-            self._dispatch.deleter = self._topic_deleter
             recovery.redispatch(report, self._dispatcher, self.store_dir, self.settings)
             create_abort_marker(self.store_dir)  # as start() does: from here on a crash is abnormal
             counters = {key: view.max_offset for key, view in self.queues.items() if view.max_offset > 0}
@@ -891,9 +889,8 @@ class MessageStore:
     def set_topic_deleter(self, fn: Callable[[str, int], None]) -> None:
         """``fn(topic, fence)`` removes a topic's consume queues in the process that writes them (the
         external dispatcher) and returns once they are gone; it raises when it cannot."""
-        self._topic_deleter = fn
-        if self._dispatch is not None:
-            self._dispatch.deleter = fn
+        self._require_open()
+        self._dispatch.deleter = fn
 
     def delete_topic_queues(self, topic: str) -> int:
         """The store side of DELETE_TOPIC_IN_BROKER (``DefaultMessageStore.deleteTopics``): the

@@ -19,6 +19,7 @@ from broker.client.instance import ClientInstance, MQClientError, TopicRoute
 from broker.remoting.bodies import KVTable, MessageQueue
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
+from broker.remoting.properties_body import CHARSET, PropertiesError, parse_properties
 from broker.store.constants import DEFAULT_MAX_MESSAGE_SIZE
 from broker.store.topics import (
     SYSTEM_TOPIC_PREFIX,
@@ -104,10 +105,12 @@ class Target:
                 continue
             if resp.code != ResponseCode.SUCCESS:
                 continue
-            for line in (resp.body or b"").decode("utf-8", "replace").splitlines():
-                key, sep, value = line.partition("=")
-                if sep and key.strip() == "maxMessageSize" and value.strip().isdigit():
-                    limit = min(limit, int(value.strip()))
+            try:
+                value = parse_properties((resp.body or b"").decode(CHARSET, "replace")).get("maxMessageSize", "")
+            except PropertiesError:
+                continue
+            if value.strip().isdigit():
+                limit = min(limit, int(value.strip()))
         return limit
 
     def dispatch_caught_up(self, broker: str, addr: str, timeout: float = DISPATCH_WAIT_S) -> str | None:
