@@ -106,12 +106,30 @@ def start_broker(store: Path, namesrv: str, config: dict | None = None, port: in
     cfg.write_text("\n".join(lines).replace("'", '"') + "\n")
     log_path = store.parent / f"broker-{port}.log"
     log = open(log_path, "a")
+    log_start = log.tell()  # a restart appends to the same log: only what this start writes counts
     proc = subprocess.Popen([*ROCKETLAKE, "--log-level", "INFO", "broker", "start", "--store", str(store),
                              "--listen", f"127.0.0.1:{port}", "--namesrv", namesrv, "--config", str(cfg),
                              "--processes", str(processes)],
                             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     wait_port(port, proc=proc)
+    _wait_started(log_path, log_start, f"listening on 127.0.0.1:{port}, store", proc)
     return BrokerHandle(store, port, namesrv, proc, log_path)
+
+
+def _wait_started(log_path: Path, offset: int, line: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Wait for the broker's own "listening" line: the port answers as soon as the FIRST network
+    process listens, the line comes once every one of them does (``Broker.start``), so a caller's
+    connections are spread over all of them (SO_REUSEPORT) from the start."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(log_path, "rb") as fh:
+            fh.seek(offset)
+            if line.encode() in fh.read():
+                return
+        if proc.poll() is not None:
+            raise RuntimeError(f"broker exited with {proc.returncode} before it started; see {log_path}")
+        time.sleep(0.05)
+    raise TimeoutError(f"broker did not finish starting in {timeout} s; see {log_path}")
 
 
 @contextmanager
