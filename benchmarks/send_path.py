@@ -1,21 +1,25 @@
 """Broker send throughput and latency, next to the raw append speed of the same bytes, same run.
 
     .venv/bin/python benchmarks/send_path.py [--seconds 10] [--producers 4] [--threads 4] [--rate 5000]
-        [--raw-messages 100000] [--skip-cpp] [--root DIR]
+        [--rates 1000 5000 10000] [--raw-messages 100000] [--skip-cpp] [--root DIR]
 
 (``make bench-broker``; a smoke run in seconds: ``--seconds 1 --producers 1 --threads 1
---raw-messages 1000``.)
+--rates 500 --raw-messages 1000``.)
 
 Starts a name server and a broker (ASYNC_FLUSH, loopback) in a temporary directory, then measures
 for 1 KiB messages:
 
 1. raw append: the same records appended in-process with ``CommitLogWriter`` (no network), and a
    plain ``write`` of the same bytes — the ceiling the broker could reach on this machine;
-2. saturation: ``--producers`` processes × ``--threads`` threads of our Python Producer (sync sends);
-3. fixed rate: ``--rate`` msg/s spread over the producers, to read p50/p99 at a realistic load;
-   before these, a pipelined load (pre-built requests, many in flight, little client CPU) shows what
-   the broker itself sustains;
-4. the C++ client (``rocketmq`` wheel) with the same number of producer processes.
+2. pipelined load: 2 processes × 4 connections × 16 requests in flight of pre-encoded frames (the
+   load generator costs the shared cores little), then the same generator paced at each of
+   ``--rates`` msg/s (open loop) for p50/p99 at fixed offered rates;
+3. saturation: ``--producers`` processes × ``--threads`` threads of our Python Producer (sync sends);
+4. fixed rate: ``--rate`` msg/s spread over the producers;
+5. the C++ client (``rocketmq`` wheel) with the same number of producer processes.
+
+After each phase, the CPU per acknowledged message of each broker process (store, dispatcher,
+network processes together) and of the load generator, from /proc.
 
 Goal on 2 cores: >= 20,000 msg/s; p99 < 10 ms at 5,000 msg/s.
 """
@@ -75,7 +79,8 @@ def _producer(namesrv: str, seconds: float, threads: int, rate: float, out) -> N
     lock = threading.Lock()
     with Producer(f"PG_BENCH_{os.getpid()}", namesrv) as producer:
         producer.send(Message(TOPIC, BODY))  # route + connection warm-up
-        deadline = time.perf_counter() + seconds
+        start, cpu0 = time.perf_counter(), time.process_time()
+        deadline = start + seconds
         interval = threads / rate if rate else 0.0
 
         def run() -> None:
@@ -103,7 +108,9 @@ def _producer(namesrv: str, seconds: float, threads: int, rate: float, out) -> N
             w.start()
         for w in workers:
             w.join()
-    out.put((latencies, errors[0]))
+        result = {"lat": latencies, "errors": errors[0], "cpu": time.process_time() - cpu0,
+                  "elapsed": time.perf_counter() - start}
+    out.put(result)
 
 
 def _run_processes(target, args: tuple, processes: int, seconds: float) -> dict:
@@ -113,14 +120,10 @@ def _run_processes(target, args: tuple, processes: int, seconds: float) -> dict:
     procs = [ctx.Process(target=target, args=(*args, q)) for _ in range(processes)]
     for p in procs:
         p.start()
-    lat, errors = [], 0
-    for _ in procs:
-        got, err = q.get()
-        lat += got
-        errors += err
+    results = [q.get() for _ in procs]
     for p in procs:
         p.join()
-    return summarize(lat, seconds, errors)
+    return summarize(results, seconds)
 
 
 def run_python_producers(namesrv: str, processes: int, threads: int, seconds: float, rate: float = 0.0) -> dict:
@@ -136,7 +139,8 @@ p = Producer("PG_CPP_BENCH"); p.set_namesrv_addr(ns); p.start()
 body = b"x" * 1024
 m = Message("BenchTopic"); m.set_body(body); p.send_sync(m)
 lat, errors = [], 0
-deadline = time.perf_counter() + seconds
+start, cpu0 = time.perf_counter(), time.process_time()
+deadline = start + seconds
 while time.perf_counter() < deadline:
     m = Message("BenchTopic"); m.set_body(body)
     t = time.perf_counter()
@@ -144,8 +148,9 @@ while time.perf_counter() < deadline:
         p.send_sync(m); lat.append(time.perf_counter() - t)
     except Exception:
         errors += 1
+cpu, elapsed = time.process_time() - cpu0, time.perf_counter() - start
 p.shutdown()
-print(json.dumps({"lat": lat, "errors": errors}))
+print(json.dumps({"lat": lat, "errors": errors, "cpu": cpu, "elapsed": elapsed}))
 """
 
 
@@ -153,67 +158,201 @@ def run_cpp_producers(namesrv: str, processes: int, seconds: float, workdir: Pat
     env = dict(os.environ, HOME=str(workdir))
     procs = [subprocess.Popen([sys.executable, "-c", CPP_SCRIPT, namesrv, str(seconds)], stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, env=env, cwd=workdir) for _ in range(processes)]
-    lat, errors = [], 0
+    results = []
     for p in procs:
         out, _ = p.communicate(timeout=seconds + 120)
-        data = json.loads(out.decode().strip().splitlines()[-1])
-        lat += data["lat"]
-        errors += data["errors"]
-    return summarize(lat, seconds, errors)
+        results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    return summarize(results, seconds)
 
 
-def _pipelined(namesrv: str, broker_addr: str, seconds: float, connections: int, window: int, out) -> None:
-    """Minimal-CPU load: pre-built SEND_MESSAGE_V2 requests, ``window`` in flight per connection."""
-    import asyncio
-
+def _send_frames(ext: dict[str, str]) -> tuple[bytes, bytes]:
+    """A SEND_MESSAGE_V2 frame split around its opaque: ``prefix + str(opaque) + suffix`` is the JSON
+    header of request ``opaque`` (the layout ``RemotingCommand.encode`` writes; checked here)."""
     from broker.remoting.codes import RequestCode
     from broker.remoting.command import RemotingCommand
-    from broker.remoting.headers import SendMessageRequestHeader
-    from broker.remoting.transport import RemotingClient
 
+    cmd = RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, ext, BODY)
+    cmd.opaque = _OPAQUE_MARK
+    header = cmd.encode_json_header()
+    prefix, sep, suffix = header.partition(b'"opaque":%d' % _OPAQUE_MARK)
+    assert sep, "the JSON header has no opaque to patch"
+    return prefix + b'"opaque":', suffix
+
+
+_OPAQUE_MARK = 987654321
+
+
+def _pipelined(broker_addr: str, seconds: float, connections: int, window: int, rate: float, out) -> None:
+    """A load generator that costs the broker's cores little: raw frames pre-encoded once (only
+    the opaque changes), replies parsed for their opaque and code only, ``window`` requests in
+    flight per connection — or, with ``rate`` > 0, an open-loop paced load of ``rate`` msg/s over
+    all connections, latency counted from each send's scheduled time (no coordinated omission)."""
+    import asyncio
+    import json
+    import struct
+
+    from broker.remoting.headers import SendMessageRequestHeader
+
+    host, _, port = broker_addr.rpartition(":")
     ext = SendMessageRequestHeader(producer_group="PG_PIPE", topic=TOPIC, default_topic="TBW102",
                                    default_topic_queue_nums=4, queue_id=0, sys_flag=0, born_timestamp=0, flag=0,
                                    properties="WAIT\x01true", reconsume_times=0, unit_mode=False,
                                    batch=False).to_ext(v2=True)
+    two_ints = struct.Struct(">II")
+    lat: list[float] = []
+    errors = [0]
+    last_ack = [0.0]
 
-    async def run() -> tuple[list[float], int]:
-        clients = [RemotingClient(broker_addr) for _ in range(connections)]
-        for c in clients:
-            await c.connect()
-        lat: list[float] = []
-        errors = 0
-        deadline = time.perf_counter() + seconds
+    class Lane(asyncio.Protocol):
+        def __init__(self, qid: int) -> None:
+            self.prefix, self.suffix = _send_frames(dict(ext, e=str(qid)))
+            self.sent: dict[int, float] = {}
+            self.buf = bytearray()
+            self.next_opaque = 1
+            self.transport: asyncio.Transport | None = None
+            self.done = asyncio.get_running_loop().create_future()
 
-        async def lane(client, qid: int) -> None:
-            nonlocal errors
-            while time.perf_counter() < deadline:
-                cmd = RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, dict(ext, e=str(qid)), BODY)
-                t = time.perf_counter()
-                resp = await client.invoke(cmd, 10.0)
-                if resp.code == 0:
-                    lat.append(time.perf_counter() - t)
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+
+        def send(self, at: float) -> None:
+            opaque = self.next_opaque
+            self.next_opaque += 1
+            header = self.prefix + str(opaque).encode() + self.suffix
+            self.sent[opaque] = at
+            self.transport.write(two_ints.pack(4 + len(header) + len(BODY), len(header)) + header + BODY)
+
+        def data_received(self, data: bytes) -> None:
+            self.buf += data
+            pos, buf, now = 0, self.buf, time.perf_counter()
+            replies = 0
+            while len(buf) - pos >= 8:
+                total, hlen = two_ints.unpack_from(buf, pos)
+                if len(buf) - pos < 4 + total:
+                    break
+                header = json.loads(bytes(buf[pos + 8:pos + 8 + (hlen & 0xFFFFFF)]))
+                pos += 4 + total
+                at = self.sent.pop(header["opaque"], None)
+                if at is None:
+                    continue
+                if header["code"] == 0:
+                    lat.append(now - at)
+                    last_ack[0] = now
                 else:
-                    errors += 1
+                    errors[0] += 1
+                replies += 1
+            del buf[:pos]
+            if not rate and time.perf_counter() < deadline:
+                for _ in range(replies):
+                    self.send(time.perf_counter())
+            if not self.sent and time.perf_counter() >= deadline and not self.done.done():
+                self.done.set_result(None)
 
-        await asyncio.gather(*(lane(c, (i * window + j) % 4) for i, c in enumerate(clients) for j in range(window)))
-        for c in clients:
-            await c.close()
-        return lat, errors
+        def connection_lost(self, exc) -> None:
+            errors[0] += len(self.sent)
+            if not self.done.done():
+                self.done.set_result(None)
 
-    out.put(asyncio.run(run()))
+    async def run() -> None:
+        nonlocal deadline, start, cpu0
+        loop = asyncio.get_running_loop()
+        lanes = []
+        for i in range(connections):
+            lane = Lane(i % 4)
+            await loop.create_connection(lambda lane=lane: lane, host, int(port))
+            lanes.append(lane)
+        start, cpu0 = time.perf_counter(), time.process_time()
+        deadline = start + seconds
+        if rate:  # open loop: send whatever is due, then sleep until the next is
+            interval = connections / rate
+            due = [start + i * interval / connections for i in range(connections)]
+            while True:
+                now = time.perf_counter()
+                if now >= deadline:
+                    break
+                for i, lane in enumerate(lanes):
+                    while due[i] <= now and due[i] < deadline:
+                        lane.send(due[i])
+                        due[i] += interval
+                await asyncio.sleep(max(0.0, min(due) - time.perf_counter()))
+        else:
+            for lane in lanes:
+                for _ in range(window):
+                    lane.send(time.perf_counter())
+        await asyncio.wait_for(asyncio.gather(*(lane.done for lane in lanes if lane.sent)), 30.0)
+        for lane in lanes:
+            lane.transport.close()
+
+    deadline = start = cpu0 = 0.0
+    asyncio.run(run())
+    out.put({"lat": lat, "errors": errors[0], "cpu": time.process_time() - cpu0,
+             "elapsed": max(last_ack[0], deadline) - start})
 
 
-def run_pipelined(namesrv: str, broker_addr: str, processes: int, connections: int, window: int,
-                  seconds: float) -> dict:
-    return _run_processes(_pipelined, (namesrv, broker_addr, seconds, connections, window), processes, seconds)
+def run_pipelined(broker_addr: str, processes: int, connections: int, window: int, seconds: float,
+                  rate: float = 0.0) -> dict:
+    return _run_processes(_pipelined, (broker_addr, seconds, connections, window, rate / processes), processes,
+                          seconds)
 
 
-def summarize(lat: list[float], seconds: float, errors: int) -> dict:
-    lat = sorted(lat)
+class CpuMeter:
+    """CPU seconds (user + system, from /proc) of the broker's processes by name and of the load
+    generators, over one phase: the figures behind "CPU per message for each process"."""
+
+    def __init__(self, broker_pgid: int) -> None:
+        self.pgid = broker_pgid
+        self.start: dict[int, float] = {}
+
+    def _broker_pids(self) -> dict[int, str]:
+        from broker.server.launcher import iter_proc_stats
+        from broker.server.linux_process import process_name
+
+        return {pid: process_name(pid) for pid, state, _, group in iter_proc_stats()
+                if group == self.pgid and state != "Z"}
+
+    @staticmethod
+    def _cpu(pid: int) -> float:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self) -> "CpuMeter":
+        self.names = self._broker_pids()
+        self.start = {pid: self._cpu(pid) for pid in self.names}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.used: dict[str, float] = {}
+        for pid, name in self.names.items():
+            if name.startswith("rl-"):
+                key = "network" if name.startswith("rl-net") else name[3:]
+                self.used[key] = self.used.get(key, 0.0) + self._cpu(pid) - self.start[pid]
+
+    def per_message(self, result: dict) -> str:
+        """CPU per acknowledged message: each broker process kind, the load generator (measured in
+        its own processes over the sending phase, without their start-up), and the sum."""
+        messages = result["msgs"]
+        self.used["load generator"] = result["cpu"]
+        parts = [f"{name} {1e6 * sec / max(messages, 1):.0f}" for name, sec in self.used.items()]
+        total = sum(self.used.values())
+        return f"cpu per message (us): {', '.join(parts)}; total {1e6 * total / max(messages, 1):.0f}"
+
+
+def summarize(results: list[dict], seconds: float) -> dict:
+    """Merge the load processes' results: acknowledged msg/s over the phase (until the last
+    acknowledgement: a backlog drained after the deadline does not count as sustained rate),
+    latency percentiles, errors, and the load generators' own CPU seconds."""
+    lat = sorted(x for r in results for x in r["lat"])
+    errors = sum(r["errors"] for r in results)
+    cpu = sum(r["cpu"] for r in results)
+    elapsed = max([seconds, *(r["elapsed"] for r in results)])
     if not lat:
-        return {"msgs": 0, "rate": 0.0, "p50_ms": None, "p99_ms": None, "errors": errors}
-    return {"msgs": len(lat), "rate": len(lat) / seconds, "p50_ms": 1000 * statistics.median(lat),
-            "p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))], "errors": errors}
+        return {"msgs": 0, "rate": 0.0, "p50_ms": None, "p99_ms": None, "errors": errors, "cpu": cpu}
+    return {"msgs": len(lat), "rate": len(lat) / elapsed, "p50_ms": 1000 * statistics.median(lat),
+            "p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))], "errors": errors, "cpu": cpu}
 
 
 def line(name: str, r: dict) -> str:
@@ -227,7 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--producers", type=int, default=4, help="producer processes")
     ap.add_argument("--threads", type=int, default=4, help="threads per Python producer process")
-    ap.add_argument("--rate", type=float, default=5000.0, help="fixed-rate phase, msg/s in total")
+    ap.add_argument("--rate", type=float, default=5000.0, help="fixed-rate phase of the Python producers, msg/s in total")
+    ap.add_argument("--rates", type=float, nargs="*", default=[1000.0, 5000.0, 10000.0],
+                    help="offered rates of the paced pipelined load, msg/s in total (default 1000 5000 10000)")
     ap.add_argument("--skip-cpp", action="store_true")
     ap.add_argument("--raw-messages", type=int, default=100_000,
                     help="records of the raw-append measurement (default 100000, at least 1000)")
@@ -238,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--raw-messages must be >= 1000")
     if args.seconds <= 0 or args.producers < 1 or args.threads < 1:
         ap.error("--seconds must be > 0, --producers and --threads >= 1")
+    if any(r <= 0 for r in args.rates):
+        ap.error("--rates must be > 0")
     if args.root is not None:
         args.root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rocketlake-bench-", dir=args.root) as tmp:
@@ -248,16 +391,29 @@ def main(argv: list[str] | None = None) -> int:
         ns, ns_addr = start_namesrv(tmp)
         broker = start_broker(tmp / "store", ns_addr, {"mappedFileSizeCommitLog": 1 << 30})
         try:
-            pipe = run_pipelined(ns_addr, broker.addr, 2, 4, 16, args.seconds)
+            run_pipelined(broker.addr, 1, 1, 1, min(1.0, args.seconds))  # topic, routes and connections warm
+            with CpuMeter(broker.proc.pid) as cpu:
+                pipe = run_pipelined(broker.addr, 2, 4, 16, args.seconds)
             print(line("pipelined load: 2 procs x 4 conns x 16 in flight", pipe))
-            sat = run_python_producers(ns_addr, args.producers, args.threads, args.seconds)
+            print("  " + cpu.per_message(pipe))
+            for rate in args.rates:
+                with CpuMeter(broker.proc.pid) as cpu:
+                    paced = run_pipelined(broker.addr, 2, 4, 0, args.seconds, rate)
+                print(line(f"pipelined at {rate:,.0f} msg/s offered", paced))
+                print("  " + cpu.per_message(paced))
+            with CpuMeter(broker.proc.pid) as cpu:
+                sat = run_python_producers(ns_addr, args.producers, args.threads, args.seconds)
             print(line(f"python producers {args.producers}x{args.threads} (saturation)", sat))
+            print("  " + cpu.per_message(sat))
             fixed = run_python_producers(ns_addr, args.producers, args.threads, args.seconds, args.rate)
             print(line(f"python producers at {args.rate:,.0f} msg/s", fixed))
             if not args.skip_cpp:
-                cpp = run_cpp_producers(ns_addr, args.producers, args.seconds, tmp)
+                with CpuMeter(broker.proc.pid) as cpu:
+                    cpp = run_cpp_producers(ns_addr, args.producers, args.seconds, tmp)
                 print(line(f"C++ producers x{args.producers} (sync)", cpp))
-            print(f"broker vs raw append: {max(sat['rate'], pipe['rate']) / recs:.1%} (goal: >= 20,000 msg/s; p99 < 10 ms at 5,000 msg/s)")
+                print("  " + cpu.per_message(cpp))
+            print(f"broker vs raw append: {max(sat['rate'], pipe['rate']) / recs:.1%} "
+                  "(goal: >= 20,000 msg/s; p99 < 10 ms at 5,000 msg/s)")
         finally:
             broker.stop()
             ns.terminate()

@@ -38,6 +38,7 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import RegisterBrokerRequestHeader, UnRegisterBrokerRequestHeader
 from broker.remoting.transport import Connection, RemotingServer, SyncRemotingClient
+from broker.server.linux_process import set_process_name
 from broker.server.message_store import MessageStore
 from broker.server.store_settings import StoreSettings
 from broker.server.processors import SEND_CODES, BrokerCore, Reply, Request
@@ -167,6 +168,7 @@ GIL_SWITCH_INTERVAL_S = 0.0002
 def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: str, ready, log_level: int,
                        config_path: str | None = None) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    set_process_name("rl-store")
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [store] %(name)s: %(message)s")
     from broker.server.client_calls import IpcClientCaller
     from broker.server.ipc import IpcServer
@@ -350,8 +352,9 @@ class NetworkFrontend:
         await self.link.close()
 
 
-def network_process_main(settings: BrokerSettings, socket_path: str, ready, log_level: int) -> None:
+def network_process_main(settings: BrokerSettings, socket_path: str, ready, log_level: int, index: int = 0) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    set_process_name(f"rl-net-{index}")
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [net] %(name)s: %(message)s")
 
     async def main() -> None:
@@ -401,7 +404,7 @@ class Broker:
         for i in range(self.settings.request_processes):
             net_ready = self._ctx.Event()
             proc = self._ctx.Process(target=network_process_main, name=f"rocketlake-net-{i}",
-                                     args=(self.settings, socket_path, net_ready, self.log_level))
+                                     args=(self.settings, socket_path, net_ready, self.log_level, i))
             proc.start()
             self.procs.network.append(proc)
             self._wait(net_ready, proc, f"network process {i}")

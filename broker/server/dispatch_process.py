@@ -14,17 +14,16 @@ topic's records are not queued again, and acknowledges; the store process waits 
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing as mp
 import os
-import signal
 import queue as queue_mod
 import threading
 import time
 from pathlib import Path
 
 from broker.server.dispatch import Dispatcher, QueueRegistry
+from broker.server.linux_process import die_with_parent, set_process_name
 from broker.server.message_store import MessageStore
 from broker.server.store_settings import StoreSettings
 from broker.store.commitlog import CommitLog
@@ -33,26 +32,6 @@ log = logging.getLogger(__name__)
 
 SYNC_INTERVAL_S = 1.0
 IDLE_WAIT_S = 0.05
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Have the kernel SIGKILL this process when the store process dies (Linux; best effort).
-
-    Why: a dispatcher outliving a killed store process would go on writing consume-queue and index
-    files under the next broker's recovery, and its last ``sync`` would write index headers from its
-    stale memory over what recovery repaired. The loop also checks the parent (``os.getppid``) in
-    case ``prctl`` is unavailable."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
-    except (OSError, AttributeError):
-        log.warning("prctl is not available; the dispatcher notices a dead store process by polling")
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
-
-
 DELETE_TOPIC_TIMEOUT_S = 30.0
 DELETED = "topic-deleted"  # acknowledgement marker on the progress queue: (DELETED, token, error or None)
 
@@ -77,7 +56,11 @@ def _run_commands(commands, dispatcher: Dispatcher, out) -> None:
 def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, committed, wake, stop,
                     out, log_level: int, parent_pid: int, commands=None) -> None:
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [dispatch] %(name)s: %(message)s")
-    _die_with_parent(parent_pid)
+    # a dispatcher outliving a killed store process would go on writing consume-queue and index
+    # files under the next broker's recovery, and its last sync would write index headers from its
+    # stale memory over what recovery repaired (the loop below also polls the parent)
+    die_with_parent(parent_pid)
+    set_process_name("rl-dispatch")
     store_path = Path(store_dir)
     registry = QueueRegistry(store_path, settings.cq_file_bytes)
     dispatcher = Dispatcher(store_path, settings, registry)

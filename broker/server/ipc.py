@@ -215,67 +215,91 @@ class IpcServer:
         self._pool.shutdown(wait=True, cancel_futures=False)
 
 
-class IpcClient:
-    """Network-process side (asyncio): ``await call(request)`` → reply; events go to ``on_event``."""
+class IpcClient(asyncio.Protocol):
+    """Network-process side (asyncio): ``await call(request)`` → reply; events go to ``on_event``.
+
+    Frames written during one turn of the event loop leave in one ``write`` at its end (the
+    requests of many client connections, decoded from one read each, travel together), and the
+    reply frames are cut from the read buffer here rather than through two awaited reads each:
+    this process is on the send path of every message."""
 
     def __init__(self, path: str, on_event: Callable[[Any], None]) -> None:
         self.path = path
         self._on_event = on_event
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task | None = None
+        self._transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []
+        self._buf = bytearray()
         self.closed = asyncio.Event()
 
     async def connect(self) -> None:
-        reader, self._writer = await asyncio.open_unix_connection(self.path, limit=MAX_IPC_FRAME)
-        self._writer.write(pack("hello", 0, os.getpid()))  # channels are (pid, serial): calls find us by pid
-        self._reader_task = asyncio.create_task(self._read_loop(reader))
+        loop = asyncio.get_running_loop()
+        await loop.create_unix_connection(lambda: self, self.path)
+        self._write(pack("hello", 0, os.getpid()))  # channels are (pid, serial): calls find us by pid
 
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                head = await reader.readexactly(4)
-                (size,) = _LEN.unpack(head)
-                kind, ident, payload = pickle.loads(await reader.readexactly(size))
-                if kind == "rep":
-                    fut = self._pending.pop(ident, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(payload)
-                elif kind == "event":
-                    try:
-                        self._on_event(payload)
-                    except Exception:
-                        log.exception("IPC event handler failed")
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            self.closed.set()
-            for fut in self._pending.values():
-                if not fut.done():
-                    fut.set_exception(ConnectionError("store process is gone"))
-            self._pending.clear()
+    # ---- asyncio.Protocol ----------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        pos, end = 0, len(buf)
+        while end - pos >= 4:
+            (size,) = _LEN.unpack_from(buf, pos)
+            if end - pos - 4 < size:
+                break
+            kind, ident, payload = pickle.loads(buf[pos + 4:pos + 4 + size])
+            pos += 4 + size
+            if kind == "rep":
+                fut = self._pending.pop(ident, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(payload)
+            elif kind == "event":
+                try:
+                    self._on_event(payload)
+                except Exception:
+                    log.exception("IPC event handler failed")
+        del buf[:pos]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed.set()
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError("store process is gone"))
+        self._pending.clear()
+
+    # ---- writing -------------------------------------------------------------------------------
+    def _write(self, frame: bytes) -> None:
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(frame)
+
+    def _flush(self) -> None:
+        frames, self._out = self._out, []
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(b"".join(frames))
 
     async def call(self, payload: Any) -> Any:
-        if self._writer is None or self.closed.is_set():
+        if self._transport is None or self.closed.is_set():
             raise ConnectionError("store process is gone")
         ident = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._pending[ident] = fut
-        self._writer.write(pack("req", ident, payload))
+        self._write(pack("req", ident, payload))
         return await fut
 
     def send_call_reply(self, call_id: int, outcome: Any) -> None:
         """The outcome of a ``call`` event (a request the store process made to one of our clients)."""
-        if self._writer is not None and not self.closed.is_set():
-            self._writer.write(pack("callrep", call_id, outcome))
+        if self._transport is not None and not self.closed.is_set():
+            self._write(pack("callrep", call_id, outcome))
 
     def notify_closed(self, channel: Any) -> None:
-        if self._writer is not None and not self.closed.is_set():
-            self._writer.write(pack("closed", 0, channel))
+        if self._transport is not None and not self.closed.is_set():
+            self._write(pack("closed", 0, channel))
 
     async def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        if self._reader_task is not None:
-            self._reader_task.cancel()
+        if self._transport is not None:
+            self._flush()
+            self._transport.close()

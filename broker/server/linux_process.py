@@ -1,0 +1,55 @@
+"""Linux process controls the broker's processes use (``prctl``), best effort elsewhere.
+
+* a name per process (``rl-store``, ``rl-dispatch``, ``rl-net-0`` …) in ``/proc/PID/comm``, so
+  ``top``/``ps -o comm`` and the send benchmark's CPU-per-process figures can tell the spawned
+  processes apart (they all run the same ``python -c "from multiprocessing.spawn …"`` command line);
+* death with the parent, for a child that must never outlive it (the dispatcher).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_PR_SET_NAME = 15
+_COMM_MAX = 15  # bytes of a task name, without the NUL
+
+
+def _prctl(option: int, arg: int | bytes) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(option, arg, 0, 0, 0) != 0:
+            log.warning("prctl(%d) failed: errno %d", option, ctypes.get_errno())
+            return False
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def set_process_name(name: str) -> None:
+    """Name this process (at most 15 bytes are kept, as the kernel does)."""
+    _prctl(_PR_SET_NAME, name.encode("utf-8")[:_COMM_MAX])
+
+
+def process_name(pid: int) -> str:
+    """The name of a process (``/proc/PID/comm``), '' when it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies; exits at once if the parent is
+    already gone (it died before ``prctl`` took effect). Without ``prctl`` the caller must poll
+    ``os.getppid()`` itself."""
+    if not _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL):
+        log.warning("prctl(PR_SET_PDEATHSIG) is not available; the parent's death is noticed by polling")
+    if os.getppid() != parent_pid:
+        os._exit(1)
