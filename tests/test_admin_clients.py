@@ -38,6 +38,7 @@ from broker.server.client_calls import (
     call_client,
 )
 from broker.server.message_store import MessageStore
+from broker.server.metadata import BrokerMetadata
 from broker.server.store_settings import StoreSettings
 from broker.server.processors import BrokerCore, Reply, Request
 from broker.store.message_id import encode_offset_msg_id
@@ -97,11 +98,12 @@ def core(tmp_path):
                                                            index_slots=64, index_entries=256, fsync_metadata=False),
                          clock=clock)
     store.open()
-    core = BrokerCore(store, cluster_name="DefaultCluster", broker_name="broker-a", broker_addr="127.0.0.1:10911",
-                      max_message_size=4 << 20)
+    core = BrokerCore(store, BrokerMetadata(store), cluster_name="DefaultCluster", broker_name="broker-a",
+                      broker_addr="127.0.0.1:10911", max_message_size=4 << 20)
     core.admin_clients.caller = RecordingCaller()
     core.clock = clock
     yield core
+    core.metadata.close()
     store.close()
 
 
@@ -236,16 +238,16 @@ def test_reset_offset_by_time(core):
         core.clock.now = T0 + 10 * i
         send(core, f"m{i}".encode())
     wait_for("the consume queue", lambda: core.store.max_offset(TOPIC, 0) == 6, 10)
-    assert core.store.topics.get(TOPIC).write_queue_nums == 2
+    assert core.metadata.topics.get(TOPIC).write_queue_nums == 2
 
     reply = _reset(core, T0 + 25)
     assert (reply.code, reply.remark) == (ResponseCode.SYSTEM_ERROR, f"THe consumer group <{GROUP}> not exist")
-    core.store.commit_offset(GROUP, TOPIC, 0, 5)
-    core.store.commit_offset(GROUP, TOPIC, 1, 0)
+    core.metadata.consumer_offsets.commit_offset(GROUP, TOPIC, 0, 5)
+    core.metadata.consumer_offsets.commit_offset(GROUP, TOPIC, 1, 0)
     reply = _reset(core, T0 + 25)  # nobody online: Apache answers 206 and changes nothing
     assert (reply.code, reply.remark) == (ResponseCode.CONSUMER_NOT_ONLINE, "Consumer not online, so can not reset "
                                           f"offset, Group: {GROUP} Topic: {TOPIC} Timestamp: {T0 + 25}")
-    assert core.store.consumer_offsets.query_offset(GROUP, TOPIC, 0) == 5
+    assert core.metadata.consumer_offsets.query_offset(GROUP, TOPIC, 0) == 5
 
     heartbeat(core, ("net", 1))
     heartbeat(core, ("net", 2), dict(CONSUMER_HB, clientID="10.0.0.6@222#DEFAULT"), language="CPP", version=63)
@@ -255,7 +257,7 @@ def test_reset_offset_by_time(core):
     assert reply.body == (b'{"offsetTable":{{"brokerName":"broker-a","queueId":0,"topic":"AdminTopic"}:3,'
                           b'{"brokerName":"broker-a","queueId":1,"topic":"AdminTopic"}:0}}')
     assert ResetOffsetBody.decode(reply.body).offset_table == {q0: 3, q1: 0}
-    assert core.store.consumer_offsets.offsets_for(GROUP, TOPIC) == {0: 3, 1: 0}
+    assert core.metadata.consumer_offsets.offsets_for(GROUP, TOPIC) == {0: 3, 1: 0}
     resets = caller.calls[-2:]
     assert sorted(ch for ch, _ in resets) == [("net", 1), ("net", 2)]
     for _, request in resets:
@@ -322,8 +324,8 @@ def test_without_a_network_layer_calls_fail_cleanly(tmp_path):
                                                        index_entries=256, fsync_metadata=False))
     store.open()
     try:
-        core = BrokerCore(store, cluster_name="c", broker_name="b", broker_addr="127.0.0.1:10911",
-                          max_message_size=1 << 20)
+        core = BrokerCore(store, BrokerMetadata(store), cluster_name="c", broker_name="b",
+                          broker_addr="127.0.0.1:10911", max_message_size=1 << 20)
         heartbeat(core, ("net", 1))
         final = finish(core.process(Request(code=RequestCode.GET_CONSUMER_RUNNING_INFO,
                                             ext={"consumerGroup": GROUP, "clientId": "10.0.0.5@111#DEFAULT"})))

@@ -23,6 +23,7 @@ from broker.remoting.headers import RegisterBrokerRequestHeader, UpdateConsumerO
 from broker.remoting.properties_body import parse_properties, properties_to_text
 from broker.remoting.transport import RemotingClient
 from broker.server.message_store import MessageStore, PutStatus
+from broker.server.metadata import BrokerMetadata
 from broker.server.store_settings import StoreSettings
 from broker.server.processors import BrokerCore, Request
 from broker.store.config_files import TopicConfig, TopicConfigTable, read_config_json
@@ -47,7 +48,8 @@ class Broker:
         self.changed = 0
         self.store = MessageStore(root, SETTINGS)
         self.store.open()
-        self.core = BrokerCore(self.store, cluster_name="DefaultCluster", broker_name="broker-a",
+        self.metadata = BrokerMetadata(self.store)
+        self.core = BrokerCore(self.store, self.metadata, cluster_name="DefaultCluster", broker_name="broker-a",
                                broker_addr="127.0.0.1:10911", max_message_size=4 << 20, auto_create_topic=False,
                                on_topics_changed=self._changed)
 
@@ -75,15 +77,16 @@ class Broker:
 @pytest.fixture
 def broker(tmp_path):
     b = Broker(tmp_path / "store")
-    b.store.topics.put(TopicConfig("Payments", 1, 1, 6))
-    b.store.topics.put(TopicConfig("Orders", 2, 2, 6))
+    b.metadata.topics.put(TopicConfig("Payments", 1, 1, 6))
+    b.metadata.topics.put(TopicConfig("Orders", 2, 2, 6))
     b.put("Payments", 0, 3)
     b.put("Orders", 0, 4)  # Orders last: a re-dispatch from the other queues' ends would reach it
     b.put("Orders", 1, 2)
     for group, topic, qid, offset in [("g1", "Orders", 0, 3), ("g1", "Orders", 1, 1), ("g1", "Payments", 0, 2),
                                       ("g2", "Orders", 0, 4)]:
-        b.store.commit_offset(group, topic, qid, offset)
+        b.metadata.consumer_offsets.commit_offset(group, topic, qid, offset)
     yield b
+    b.metadata.close()
     b.store.close()
 
 
@@ -121,6 +124,7 @@ def test_recreated_topic_starts_empty_and_restarts_stay_clean(broker):
     fence = broker.store.commitlog_max_offset
     assert broker.config(DELETED_TOPICS_FILE) == {"Orders": fence}
     # a restart (clean, then a crash) re-dispatches from the other queues' ends: Orders stays gone
+    broker.metadata.close()
     broker.store.close()
     verified = verify_store(broker.root, segment_size=SETTINGS.segment_bytes)
     assert verified.ok, verified.summary()  # the old Orders records need no unit any more
@@ -128,7 +132,7 @@ def test_recreated_topic_starts_empty_and_restarts_stay_clean(broker):
     report = store.open()
     assert report.dispatch_from < fence  # the old Orders records were walked again ...
     assert (report.redispatched, cq_dirs(broker.root)) == (0, ["Payments"])  # ... and not queued
-    store.topics.put(TopicConfig("Orders", 1, 1, 6))  # recreated: a new, empty topic
+    BrokerMetadata(store).topics.put(TopicConfig("Orders", 1, 1, 6))  # recreated: a new, empty topic
     placed = store.put_message(MessageRecord(topic="Orders", body=b"new", queue_id=0, born_host=BORN))
     assert (placed.status, placed.queue_offset) == (PutStatus.PUT_OK, 0)
     store.abandon()
@@ -151,6 +155,7 @@ def test_recreated_topic_starts_empty_and_restarts_stay_clean(broker):
         store.close()
     broker.store = MessageStore(broker.root, SETTINGS)  # the fixture closes it
     broker.store.open()
+    broker.metadata = BrokerMetadata(broker.store)
 
 
 @pytest.mark.parametrize(("topic", "remark"), [
@@ -181,11 +186,11 @@ def test_delete_topic_missing_header_and_unknown_topic(broker):
 def test_delete_retry_topic_leaves_group_and_dlq(broker):
     long_retry = "%RETRY%" + "g" * 200  # a retry topic's config may pass 127 characters (group names do)
     for topic in ("%RETRY%g1", "%DLQ%g1", long_retry):
-        broker.store.topics.create_topic_in_send_back(topic, 1)
+        broker.metadata.topics.create_topic_in_send_back(topic, 1)
     assert broker.ask(RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": long_retry}).code == ResponseCode.SUCCESS
     assert long_retry not in broker.config("topics.json")["topicConfigTable"]
     broker.put("%RETRY%g1", 0, 1)
-    broker.store.commit_offset("g1", "%RETRY%g1", 0, 1)
+    broker.metadata.consumer_offsets.commit_offset("g1", "%RETRY%g1", 0, 1)
     assert cq_dirs(broker.root) == ["%RETRY%g1", "Orders", "Payments"]
     assert broker.ask(RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "%RETRY%g1"}).code == ResponseCode.SUCCESS
     table = broker.config("topics.json")["topicConfigTable"]
@@ -195,14 +200,14 @@ def test_delete_retry_topic_leaves_group_and_dlq(broker):
 
 
 def test_delete_subscription_group(broker):
-    broker.store.groups.find("g1")
-    broker.store.groups.find("g2")
-    broker.store.topics.create_topic_in_send_back("%RETRY%g1", 1)
+    broker.metadata.groups.find("g1")
+    broker.metadata.groups.find("g2")
+    broker.metadata.topics.create_topic_in_send_back("%RETRY%g1", 1)
     reply = broker.ask(RequestCode.DELETE_SUBSCRIPTIONGROUP, {"groupName": "g1"})
     assert (reply.code, reply.remark) == (ResponseCode.SUCCESS, None)
     groups = broker.config("subscriptionGroup.json")["subscriptionGroupTable"]
     assert "g1" not in groups and "g2" in groups
-    broker.store.persist_metadata(force=True)
+    broker.metadata.persist(force=True)
     offsets = broker.config("consumerOffset.json")["offsetTable"]
     assert sorted(offsets) == ["Orders@g1", "Orders@g2", "Payments@g1"]  # offsets kept without cleanOffset
     reply = broker.ask(RequestCode.DELETE_SUBSCRIPTIONGROUP, {"groupName": "g2", "cleanOffset": "true"})
@@ -226,8 +231,8 @@ HEARTBEAT_G1_PAYMENTS = json.dumps({
 
 
 def test_clone_group_offset(broker):
-    broker.store.commit_offset("g3", "Orders", 0, 1)
-    broker.store.commit_offset("g3", "Orders", 5, 9)
+    broker.metadata.consumer_offsets.commit_offset("g3", "Orders", 0, 1)
+    broker.metadata.consumer_offsets.commit_offset("g3", "Orders", 5, 9)
     reply = broker.ask(RequestCode.CLONE_GROUP_OFFSET, {"srcGroup": "g1", "destGroup": "g3", "topic": "Orders"})
     assert (reply.code, reply.remark) == (ResponseCode.SUCCESS, None)
     offsets = broker.config("consumerOffset.json")["offsetTable"]
@@ -246,7 +251,7 @@ def test_clone_group_offset_online_source(broker):
     # g1 is online and subscribes to Payments only: Orders is skipped unless offline
     ext = {"srcGroup": "g1", "destGroup": "g6", "topic": "Orders"}
     assert broker.ask(RequestCode.CLONE_GROUP_OFFSET, ext).code == 0
-    broker.store.persist_metadata(force=True)
+    broker.metadata.persist(force=True)
     assert "Orders@g6" not in broker.config("consumerOffset.json")["offsetTable"]
     assert broker.ask(RequestCode.CLONE_GROUP_OFFSET, {**ext, "offline": "true"}).code == 0
     assert broker.config("consumerOffset.json")["offsetTable"]["Orders@g6"] == {0: 3, 1: 1}

@@ -19,7 +19,7 @@ from broker.remoting.bodies import (
 )
 from broker.remoting.codes import PullSysFlag, RequestCode, ResponseCode
 from broker.remoting.headers import SendMessageRequestHeader
-from broker.server import MessageStore, StoreSettings
+from broker.server import BrokerMetadata, MessageStore, StoreSettings
 from broker.server.processors import BrokerCore, Request
 from broker.server.stats import (
     BROKER_PUT_NUMS,
@@ -160,11 +160,13 @@ def env(tmp_path):
     clock = Clock()
     store = MessageStore(tmp_path / "store", StoreSettings(fsync_metadata=False), clock=clock)
     store.open()
-    core = BrokerCore(store, cluster_name=CLUSTER, broker_name=BROKER, broker_addr=ADDR, max_message_size=4 << 20)
+    core = BrokerCore(store, BrokerMetadata(store), cluster_name=CLUSTER, broker_name=BROKER, broker_addr=ADDR,
+                      max_message_size=4 << 20)
     core.stats = BrokerStatsManager(CLUSTER, clock)
     core.clock = clock
-    store.topics.put(TopicConfig("Orders", 2, 2))
+    core.metadata.topics.put(TopicConfig("Orders", 2, 2))
     yield core
+    core.metadata.close()
     store.close()
 
 
@@ -293,8 +295,8 @@ def test_query_topic_consume_by_who(env):
     core = env
     heartbeat(core, "online", ["Orders", "%RETRY%online"])
     heartbeat(core, "elsewhere", ["Payments"], channel=("t", 10))
-    core.store.commit_offset("offline", "Orders", 1, 5)
-    core.store.commit_offset("payer", "Payments", 0, 1)
+    core.metadata.consumer_offsets.commit_offset("offline", "Orders", 1, 5)
+    core.metadata.consumer_offsets.commit_offset("payer", "Payments", 0, 1)
     reply = request(core, RequestCode.QUERY_TOPIC_CONSUME_BY_WHO, {"topic": "Orders"})
     assert reply.code == ResponseCode.SUCCESS
     assert reply.body == b'{"groupList":["offline","online"]}'
@@ -308,13 +310,13 @@ def test_get_broker_consume_stats(env):
     core = env
     for qid in (0, 0, 0, 1):
         send(core, "Orders", qid)
-    core.store.topics.put(TopicConfig("Sorted", 1, 1, order=True))
+    core.metadata.topics.put(TopicConfig("Sorted", 1, 1, order=True))
     send(core, "Sorted", 0)
-    core.store.groups.find("CG")
-    core.store.groups.find("idle")
-    core.store.commit_offset("CG", "Orders", 0, 2)
-    core.store.commit_offset("CG", "Sorted", 0, 1)
-    core.store.commit_offset("CG", "Gone", 0, 1)  # no topic config: left out
+    core.metadata.groups.find("CG")
+    core.metadata.groups.find("idle")
+    core.metadata.consumer_offsets.commit_offset("CG", "Orders", 0, 2)
+    core.metadata.consumer_offsets.commit_offset("CG", "Sorted", 0, 1)
+    core.metadata.consumer_offsets.commit_offset("CG", "Gone", 0, 1)  # no topic config: left out
     assert pull(core, "CG", "Orders", 0, 0).code == 0
     core.stats.tick()
     reply = request(core, RequestCode.GET_BROKER_CONSUME_STATS, {"isOrder": "false"})
@@ -346,7 +348,7 @@ def test_online_group_without_the_topic_is_left_out(env):
     core = env
     send(core, "Orders", 0)
     heartbeat(core, "CG", ["Payments"])  # its consumers now subscribe to another topic only
-    core.store.commit_offset("CG", "Orders", 0, 1)
+    core.metadata.consumer_offsets.commit_offset("CG", "Orders", 0, 1)
     groups = ConsumeStatsList.decode(request(core, RequestCode.GET_BROKER_CONSUME_STATS,
                                              {"isOrder": "false"}).body).by_group()
     assert groups["CG"] == []
@@ -358,7 +360,7 @@ def test_query_consume_time_span(env):
     for _ in range(3):
         send(core, "Orders", 0)
         times.append(core.clock.now)  # the fake store clock stamps STORETIMESTAMP
-    core.store.commit_offset("CG", "Orders", 0, 1)
+    core.metadata.consumer_offsets.commit_offset("CG", "Orders", 0, 1)
     core.clock.now += 60_000
     reply = request(core, RequestCode.QUERY_CONSUME_TIME_SPAN, {"topic": "Orders", "group": "CG"})
     assert reply.code == ResponseCode.SUCCESS
@@ -375,7 +377,7 @@ def test_query_consume_time_span(env):
     assert first["minTimeStampStr"] == format_java_date(times[0])
     assert first["minTimeStampStr"][10] == "#"
 
-    core.store.commit_offset("CG", "Orders", 0, 3)  # caught up: no delay
+    core.metadata.consumer_offsets.commit_offset("CG", "Orders", 0, 3)  # caught up: no delay
     caught_up = QueryConsumeTimeSpanBody.decode(request(core, RequestCode.QUERY_CONSUME_TIME_SPAN,
                                                         {"topic": "Orders", "group": "CG"}).body)
     assert (caught_up.consume_time_span_set[0].consume_time_stamp, caught_up.consume_time_span_set[0].delay_time) == \

@@ -65,6 +65,7 @@ from broker.remoting.command import RemotingCommand  # noqa: E402
 from broker.remoting.headers import PullMessageRequestHeader, SendMessageRequestHeader  # noqa: E402
 from broker.server.broker import store_settings  # noqa: E402
 from broker.server.message_store import MessageStore  # noqa: E402
+from broker.server.metadata import BrokerMetadata  # noqa: E402
 from broker.server.processors import BrokerCore, Request  # noqa: E402
 from broker.server.settings import RUNTIME_KEYS, SETTING_FIELDS, settings_dict, to_properties  # noqa: E402
 from broker.server.settings.apache_keys import APACHE_ONLY_KEYS  # noqa: E402
@@ -146,13 +147,15 @@ def make_core(tmp_path):
         ms = MessageStore(tmp_path / f"store{len(stores)}",
                           dataclasses.replace(store_settings(settings), external_dispatch=False, fsync_metadata=False))
         ms.open()
-        stores.append(ms)
-        return BrokerCore(ms, cluster_name="DefaultCluster", broker_name="broker-a", broker_addr="127.0.0.1:10911",
-                          max_message_size=settings.max_message_size, settings=settings,
+        metadata = BrokerMetadata(ms)
+        stores.append((ms, metadata))
+        return BrokerCore(ms, metadata, cluster_name="DefaultCluster", broker_name="broker-a",
+                          broker_addr="127.0.0.1:10911", max_message_size=settings.max_message_size, settings=settings,
                           config_path=None if config_path is None else str(config_path))
 
     yield make
-    for ms in stores:
+    for ms, metadata in stores:
+        metadata.close()
         ms.close()
 
 
@@ -226,10 +229,10 @@ def test_client_channel_max_idle_time_expires_clients(make_core):
 
 def test_default_topic_queue_nums_sizes_tbw102_and_caps_auto_created_topics(make_core):
     core = make_core(defaultTopicQueueNums=3)
-    tbw = core.store.topics.get(DEFAULT_TOPIC)
+    tbw = core.metadata.topics.get(DEFAULT_TOPIC)
     assert (tbw.read_queue_nums, tbw.write_queue_nums) == (3, 3)
     send(core, "Auto", 1)  # the client asks for 4 queues
-    auto = core.store.topics.get("Auto")
+    auto = core.metadata.topics.get("Auto")
     assert (auto.read_queue_nums, auto.write_queue_nums) == (3, 3)
 
 

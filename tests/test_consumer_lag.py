@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pytest
 
 from broker.remoting.codes import PullSysFlag, RequestCode
-from broker.server import MessageStore, StoreSettings
+from broker.server import BrokerMetadata, MessageStore, StoreSettings
 from broker.server.offsets import SubscriptionGroupManager
 from broker.server.processors import BrokerCore, Request
 from broker.store.config_files import ConsumerOffsetTable, SubscriptionGroupTable, TopicConfig, config_path
@@ -75,19 +75,21 @@ def store(tmp_path_factory) -> Path:
     assert [p for p, _ in orders0[19:21]] == [19 * RECORD, SEGMENT]  # 20 records fill the first file
     _put(ms, clock, "Orders", 1, 3)
     _put(ms, clock, "Payments", 0, 4)
-    ms.topics.put(TopicConfig("Payments", 2, 2))
-    ms.topics.put(TopicConfig("Orders", 2, 2))
+    meta = BrokerMetadata(ms)
+    meta.topics.put(TopicConfig("Payments", 2, 2))
+    meta.topics.put(TopicConfig("Orders", 2, 2))
     for group, topic, qid, offset in [("fast", "Orders", 0, 30), ("fast", "Orders", 1, 3), ("slow", "Orders", 0, 2),
                                       ("slow", "Orders", 1, 1), ("TOOLS_CONSUMER", "Orders", 1, 3)]:
-        ms.commit_offset(group, topic, qid, offset)
-    ms.groups.find("idle")
-    core = BrokerCore(ms, cluster_name="DefaultCluster", broker_name="broker-a", broker_addr="127.0.0.1:10911",
+        meta.consumer_offsets.commit_offset(group, topic, qid, offset)
+    meta.groups.find("idle")
+    core = BrokerCore(ms, meta, cluster_name="DefaultCluster", broker_name="broker-a", broker_addr="127.0.0.1:10911",
                       max_message_size=4 << 20)
     core.process(Request(code=RequestCode.HEART_BEAT, ext={}, body=HEARTBEAT, channel=("h", 1)))
     core.process(Request(code=RequestCode.HEART_BEAT, ext={}, body=PULL_HEARTBEAT, channel=("h", 2)))
     for _ in range(2):
         assert core.process(Request(code=RequestCode.PULL_MESSAGE, ext=PULL, channel=("h", 2))).code == 0
     core.process(Request(code=RequestCode.HEART_BEAT, ext={}, body=PULL_HEARTBEAT, channel=("h", 2)))  # keeps it
+    meta.close()
     ms.close()
     (root / "commitlog" / "00000000000000000000").unlink()
     return root

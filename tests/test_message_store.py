@@ -12,6 +12,7 @@ from broker.server import (
     consumer_send_back,
     ASYNC_FLUSH,
     SYNC_FLUSH,
+    BrokerMetadata,
     GetStatus,
     MessageStore,
     PutStatus,
@@ -235,7 +236,7 @@ def test_offset_too_small_after_queue_files_are_gone(tmp_path, clock):
     first = st.get_messages("TopicA", 0, 4)
     assert (first.queue_offsets, first.next_begin_offset) == ((4, 5, 6, 7), 8)
     assert st.get_messages("TopicA", 0, 8).queue_offsets == (8, 9)
-    assert st.query_consumer_offset("g", "TopicA", 0) is None  # queue no longer starts at 0
+    assert BrokerMetadata(st).query_consumer_offset("g", "TopicA", 0) is None  # queue no longer starts at 0
     st.close()
 
 
@@ -283,7 +284,8 @@ def test_delay_goes_through_schedule_topic(tmp_path, clock):
     assert st.consume_queue(SCHEDULE_TOPIC, 0).unit(0)[2] == T0 + 1000  # tagsCode = deliver time
     assert st.get_messages("TopicA", 2, 0).status is GetStatus.NO_MESSAGE_IN_QUEUE
 
-    sched = ScheduleService(st)
+    meta = BrokerMetadata(st)
+    sched = ScheduleService(st, meta.delay_offsets)
     assert sched.run_once(T0 + 999) == 0
     assert sched.run_once(T0 + 1000) == 1
     got = st.get_messages("TopicA", 2, 0)
@@ -298,12 +300,14 @@ def test_delay_goes_through_schedule_topic(tmp_path, clock):
     assert st.get_messages("TopicA", 0, 0).message_count == 1
     assert st.query_by_key("TopicA", "dk").physical_offsets == (delivered.physical_offset,)
     assert st.query_by_key(SCHEDULE_TOPIC, "dk").physical_offsets == (stored.physical_offset,)
+    meta.close()
     st.close()
     assert_clean(tmp_path / "s", s)
 
     st = MessageStore(tmp_path / "s", s, clock=clock)
     st.open()
-    assert ScheduleService(st).run_once(T0 + 60_000) == 0  # offsets were persisted: nothing twice
+    again = ScheduleService(st, BrokerMetadata(st).delay_offsets)
+    assert again.run_once(T0 + 60_000) == 0  # offsets were persisted: nothing twice
     assert st.max_offset("TopicA", 2) == 1
     st.close()
 
@@ -311,7 +315,7 @@ def test_delay_goes_through_schedule_topic(tmp_path, clock):
 def test_schedule_service_thread(tmp_path):
     st = MessageStore(tmp_path / "s", settings())  # real clock
     st.open()
-    sched = ScheduleService(st)
+    sched = ScheduleService(st, BrokerMetadata(st).delay_offsets)
     sched.start(interval_ms=20)
     try:
         st.put_message(msg(body=b"soon", DELAY="1"))
@@ -329,14 +333,15 @@ def test_send_back_retry_then_dlq(tmp_path, clock):
     s = settings()
     st = MessageStore(tmp_path / "s", s, clock=clock)
     st.open()
-    st.groups.put(SubscriptionGroupConfig("g", retry_max_times=2))
+    meta = BrokerMetadata(st)
+    meta.groups.put(SubscriptionGroupConfig("g", retry_max_times=2))
     orig = st.put_message(msg(body=b"work", TAGS="TagA", KEYS="order-1", UNIQ_KEY="UK1"))
-    sched = ScheduleService(st)
+    sched = ScheduleService(st, meta.delay_offsets)
     origin_id = encode_offset_msg_id(STORE_HOST, orig.physical_offsets[0])
 
     phy = orig.physical_offsets[0]
     for attempt in (1, 2):
-        back = consumer_send_back(st, "g", phy, 0)
+        back = consumer_send_back(st, meta, "g", phy, 0)
         assert back.ok
         assert (back.put.topic, back.put.queue_id) == (SCHEDULE_TOPIC, 1)  # 3 + reconsumeTimes, clamped to 2
         assert sched.run_once(clock.advance(2000).now) == 1
@@ -349,7 +354,7 @@ def test_send_back_retry_then_dlq(tmp_path, clock):
         assert (retry.body, retry.flag, retry.born_timestamp, retry.born_host) == (b"work", 7, T0 - 5, BORN_HOST)
         phy = retry.physical_offset
 
-    dlq = consumer_send_back(st, "g", phy, 0)
+    dlq = consumer_send_back(st, meta, "g", phy, 0)
     assert (dlq.status, dlq.put.topic, dlq.put.queue_id) == ("OK", "%DLQ%g", 0)
     (dead,) = split_records(st.get_messages("%DLQ%g", 0, 0).body)
     assert dead.reconsume_times == 3
@@ -358,10 +363,11 @@ def test_send_back_retry_then_dlq(tmp_path, clock):
     assert "REAL_TOPIC" in dead.properties  # carried over from the retry copy, as in Apache
 
     # delayLevel < 0 goes straight to the DLQ; a bad offset is reported
-    assert consumer_send_back(st, "g", orig.physical_offsets[0], -1).put.topic == "%DLQ%g"
-    assert consumer_send_back(st, "g", 12345, 0).status == "MESSAGE_NOT_FOUND"
-    st.groups.put(SubscriptionGroupConfig("noretry", retry_queue_nums=0))
-    assert consumer_send_back(st, "noretry", orig.physical_offsets[0]).put is None  # dropped, answered OK
+    assert consumer_send_back(st, meta, "g", orig.physical_offsets[0], -1).put.topic == "%DLQ%g"
+    assert consumer_send_back(st, meta, "g", 12345, 0).status == "MESSAGE_NOT_FOUND"
+    meta.groups.put(SubscriptionGroupConfig("noretry", retry_queue_nums=0))
+    assert consumer_send_back(st, meta, "noretry", orig.physical_offsets[0]).put is None  # dropped, answered OK
+    meta.close()
     st.close()
     topics = TopicConfigTable.load(config_path(tmp_path / "s", TOPICS_FILE))
     for name in ("%RETRY%g", "%DLQ%g"):
@@ -376,32 +382,37 @@ def test_consumer_offsets_persist_and_query(tmp_path, clock):
     s = settings()
     st = MessageStore(tmp_path / "s", s, clock=clock)
     st.open()
+    meta = BrokerMetadata(st)
     for i in range(3):
         st.put_message(msg(queue_id=1))
-    assert st.query_consumer_offset("g1", "TopicA", 1) == 0  # queue starts at 0, in memory
-    assert st.query_consumer_offset("g1", "TopicA", 5) == 0  # empty queue: 4.9.8 answers 0
-    assert st.query_consumer_offset("g1", "TopicA", 1, set_zero_if_not_found=False) is None
-    st.commit_offset("g1", "TopicA", 1, 2)
-    st.commit_offset("g2", "TopicA", 0, 0)
+    assert meta.query_consumer_offset("g1", "TopicA", 1) == 0  # queue starts at 0, in memory
+    assert meta.query_consumer_offset("g1", "TopicA", 5) == 0  # empty queue: 4.9.8 answers 0
+    assert meta.query_consumer_offset("g1", "TopicA", 1, set_zero_if_not_found=False) is None
+    meta.consumer_offsets.commit_offset("g1", "TopicA", 1, 2)
+    meta.consumer_offsets.commit_offset("g2", "TopicA", 0, 0)
+    meta.close()
     st.close()
     table = ConsumerOffsetTable.load(config_path(tmp_path / "s", CONSUMER_OFFSET_FILE))
     assert table.offsets == {"TopicA@g1": {1: 2}, "TopicA@g2": {0: 0}}
     st = MessageStore(tmp_path / "s", s, clock=clock)
     st.open()
-    assert st.query_consumer_offset("g1", "TopicA", 1) == 2
-    assert st.consumer_offsets.offsets_for("g2", "TopicA") == {0: 0}
+    meta = BrokerMetadata(st)
+    assert meta.query_consumer_offset("g1", "TopicA", 1) == 2
+    assert meta.consumer_offsets.offsets_for("g2", "TopicA") == {0: 0}
+    meta.close()
     st.close()
 
 
 def test_topic_and_group_managers(store):
-    assert store.topics.get("TBW102").perm == 7
-    created = store.topics.create_topic_in_send_message("NewTopic", "TBW102", 16)
+    meta = BrokerMetadata(store)
+    assert meta.topics.get("TBW102").perm == 7
+    created = meta.topics.create_topic_in_send_message("NewTopic", "TBW102", 16)
     assert (created.read_queue_nums, created.write_queue_nums, created.perm) == (8, 8, 6)
-    assert store.topics.create_topic_in_send_message("Other", "NoSuchTemplate", 4) is None
-    assert store.topics.create_topic_in_send_message("Other2", "NewTopic", 4) is None  # no inherit bit
-    g = store.groups.find("fresh-group")
+    assert meta.topics.create_topic_in_send_message("Other", "NoSuchTemplate", 4) is None
+    assert meta.topics.create_topic_in_send_message("Other2", "NewTopic", 4) is None  # no inherit bit
+    g = meta.groups.find("fresh-group")
     assert (g.retry_max_times, g.retry_queue_nums) == (16, 1)
-    assert store.groups.get("SELF_TEST_C_GROUP") is not None
+    assert meta.groups.get("SELF_TEST_C_GROUP") is not None
 
 
 # ---- lookups ---------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from broker.remoting.bodies import (
 from broker.remoting.codes import PermName, PullSysFlag, RequestCode, ResponseCode
 from broker.remoting.headers import SendMessageRequestHeader
 from broker.server.message_store import MessageStore
+from broker.server.metadata import BrokerMetadata
 from broker.server.processors import MESSAGE_ILLEGAL_REMARK, V3_4_9, BrokerCore, Request
 from broker.server.store_settings import StoreSettings
 from broker.store.batch import BatchItem, encode_batch
@@ -66,10 +67,11 @@ class Env:
         self.store = MessageStore(root, StoreSettings(fsync_metadata=False, auto_create_topic_enable=auto_create_topic,
                                                       auto_create_subscription_group=auto_create_group))
         self.store.open()
-        self.core = BrokerCore(self.store, cluster_name=CLUSTER, broker_name=BROKER, broker_addr=ADDR,
+        self.metadata = BrokerMetadata(self.store)
+        self.core = BrokerCore(self.store, self.metadata, cluster_name=CLUSTER, broker_name=BROKER, broker_addr=ADDR,
                                max_message_size=MAX_BODY, auto_create_topic=auto_create_topic,
                                on_topics_changed=self._changed)
-        self.store.topics.put(TopicConfig("Orders", 2, 2, 6))
+        self.metadata.topics.put(TopicConfig("Orders", 2, 2, 6))
 
     def _changed(self) -> None:
         self.changed += 1
@@ -103,6 +105,7 @@ class Env:
 def env(tmp_path):
     e = Env(tmp_path / "store")
     yield e
+    e.metadata.close()
     e.store.close()
 
 
@@ -111,6 +114,7 @@ def strict(tmp_path):
     """autoCreateTopicEnable=false, autoCreateSubscriptionGroup=false."""
     e = Env(tmp_path / "strict", auto_create_topic=False, auto_create_group=False)
     yield e
+    e.metadata.close()
     e.store.close()
 
 
@@ -182,7 +186,7 @@ def test_send_to_a_queue_beyond_the_topic_is_refused(env):
 
 
 def test_send_to_a_topic_without_write_permission(env):
-    env.store.topics.put(TopicConfig("ReadOnly", 1, 1, PermName.READ))
+    env.metadata.topics.put(TopicConfig("ReadOnly", 1, 1, PermName.READ))
     reply = env.send("ReadOnly")
     assert (reply.code, reply.remark) == (ResponseCode.NO_PERMISSION,
                                           "the topic[ReadOnly] sending message is forbidden")
@@ -192,7 +196,7 @@ def test_send_to_a_topic_without_write_permission(env):
 def test_unknown_topic_is_auto_created_from_tbw102(env):
     before = env.changed
     reply = ok(env.send("Fresh", queue_id=0))
-    config = env.store.topics.get("Fresh")
+    config = env.metadata.topics.get("Fresh")
     assert config is not None
     assert (config.read_queue_nums, config.write_queue_nums, config.perm) == (4, 4, 6)  # TBW102 perm 7 less inherit
     assert env.changed > before
@@ -202,13 +206,13 @@ def test_unknown_topic_is_auto_created_from_tbw102(env):
 def test_unknown_topic_without_auto_create(strict):
     reply = strict.send("Fresh")
     assert (reply.code, reply.remark) == (ResponseCode.TOPIC_NOT_EXIST, "topic[Fresh] not exist, apply first please!")
-    assert strict.store.topics.get("Fresh") is None
+    assert strict.metadata.topics.get("Fresh") is None
 
 
 def test_retry_topic_is_created_even_without_auto_create(strict):
-    strict.store.groups.put(SubscriptionGroupConfig("CG"))
+    strict.metadata.groups.put(SubscriptionGroupConfig("CG"))
     ok(strict.send("%RETRY%CG", reconsume_times=1))
-    assert strict.store.topics.get("%RETRY%CG").read_queue_nums == 1
+    assert strict.metadata.topics.get("%RETRY%CG").read_queue_nums == 1
     assert strict.store.max_offset("%RETRY%CG", 0) == 1
 
 
@@ -224,7 +228,7 @@ TOO_LONG = "The specified topic is longer than topic max length."
 def test_send_to_an_invalid_topic_name(env, topic, remark):
     reply = env.send(topic)
     assert (reply.code, reply.remark) == (ResponseCode.SYSTEM_ERROR, remark)  # TopicValidator.validateTopic
-    assert env.store.topics.get(topic) is None
+    assert env.metadata.topics.get(topic) is None
 
 
 def test_retry_topic_over_127_characters_passes_the_name_check_but_not_the_store(env):
@@ -287,11 +291,11 @@ def test_send_to_the_retry_topic_of_an_unknown_group(strict):
     reply = strict.send("%RETRY%Ghost", reconsume_times=1)
     assert (reply.code, reply.remark) == (ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
                                           "subscription group not exist, Ghost")
-    assert strict.store.max_offset("%RETRY%Ghost", 0) == 0 and strict.store.topics.get("%DLQ%Ghost") is None
+    assert strict.store.max_offset("%RETRY%Ghost", 0) == 0 and strict.metadata.topics.get("%DLQ%Ghost") is None
 
 
 def test_send_to_a_retry_topic_at_the_limit_goes_to_the_dlq(env):
-    env.store.groups.put(SubscriptionGroupConfig("CG", retry_max_times=3))
+    env.metadata.groups.put(SubscriptionGroupConfig("CG", retry_max_times=3))
     ok(env.send("%RETRY%CG", b"r2", reconsume_times=2))
     assert env.store.max_offset("%RETRY%CG", 0) == 1
     reply = ok(env.send("%RETRY%CG", b"r3", reconsume_times=3))  # reconsumeTimes >= retryMaxTimes: dead
@@ -414,13 +418,13 @@ def test_pull_with_suspend_is_parked_when_nothing_is_there(env):
 def test_pull_commits_the_offset_it_carries(env):
     fill(env, 3)
     ok(env.pull("Orders", 0, 2, flags=PullSysFlag.SUBSCRIPTION | PullSysFlag.COMMIT_OFFSET, commit=2))
-    assert env.store.consumer_offsets.query_offset("CG", "Orders", 0) == 2
+    assert env.metadata.consumer_offsets.query_offset("CG", "Orders", 0) == 2
     ok(env.pull("Orders", 0, 2, commit=3))  # no COMMIT_OFFSET flag: nothing committed
-    assert env.store.consumer_offsets.query_offset("CG", "Orders", 0) == 2
+    assert env.metadata.consumer_offsets.query_offset("CG", "Orders", 0) == 2
 
 
 def test_pull_from_a_topic_without_read_permission(env):
-    env.store.topics.put(TopicConfig("WriteOnly", 1, 1, PermName.WRITE))
+    env.metadata.topics.put(TopicConfig("WriteOnly", 1, 1, PermName.WRITE))
     reply = env.pull("WriteOnly", 0, 0)
     assert (reply.code, reply.remark) == (ResponseCode.NO_PERMISSION,
                                           "the topic[WriteOnly] pulling message is forbidden")
@@ -441,12 +445,12 @@ def test_pull_for_a_missing_subscription_group(strict):
     reply = strict.pull("Orders", 0, 0, group="Nobody")
     assert (reply.code, reply.remark) == (ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
                                           "subscription group [Nobody] does not exist")
-    assert strict.store.groups.table.get("Nobody") is None
+    assert strict.metadata.groups.table.get("Nobody") is None
 
 
 def test_pull_for_a_group_with_consume_disabled(env):
     fill(env, 1)
-    env.store.groups.put(SubscriptionGroupConfig("Paused", consume_enable=False))
+    env.metadata.groups.put(SubscriptionGroupConfig("Paused", consume_enable=False))
     reply = env.pull("Orders", 0, 0, group="Paused")
     assert (reply.code, reply.remark) == (ResponseCode.NO_PERMISSION, "subscription group no permission, Paused")
     assert reply.body == b""
@@ -465,7 +469,7 @@ def test_pull_without_subscription_flag_needs_a_heartbeat(env):
 
 def test_pull_by_a_broadcasting_group_that_may_not(env):
     fill(env, 1)
-    env.store.groups.put(SubscriptionGroupConfig("Bcast", consume_broadcast_enable=False))
+    env.metadata.groups.put(SubscriptionGroupConfig("Bcast", consume_broadcast_enable=False))
     heartbeat(env, "Bcast", ["Orders"], model="BROADCASTING")
     reply = env.pull("Orders", 0, 0, group="Bcast", flags=0)
     assert (reply.code, reply.remark) == (ResponseCode.NO_PERMISSION,
@@ -484,7 +488,7 @@ def offset_ext(group="CG", topic="Orders", queue_id=0, **more) -> dict[str, str]
 def test_update_then_query_consumer_offset(env):
     fill(env, 3)
     ok(env.ask(RequestCode.UPDATE_CONSUMER_OFFSET, offset_ext(commitOffset=2)))
-    assert env.store.consumer_offsets.query_offset("CG", "Orders", 0) == 2
+    assert env.metadata.consumer_offsets.query_offset("CG", "Orders", 0) == 2
     reply = ok(env.ask(RequestCode.QUERY_CONSUMER_OFFSET, offset_ext()))
     assert reply.ext == {"offset": "2"}
     table = json.loads(ok(env.ask(RequestCode.GET_ALL_CONSUMER_OFFSET)).body)
@@ -590,7 +594,7 @@ def heartbeat(env: Env, group: str, topics: list[str], client_id: str = "10.0.0.
 
 def test_heartbeat_registers_the_consumer_and_creates_its_retry_topic(env):
     heartbeat(env, "CG", ["Orders"])
-    retry = env.store.topics.get("%RETRY%CG")
+    retry = env.metadata.topics.get("%RETRY%CG")
     assert retry is not None and (retry.read_queue_nums, retry.perm) == (1, 6)
     reply = ok(env.ask(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "CG"}))
     assert ConsumerIdList.decode(reply.body).consumer_id_list == ["10.0.0.7@1"]
@@ -600,15 +604,15 @@ def test_heartbeat_registers_the_consumer_and_creates_its_retry_topic(env):
 
 
 def test_heartbeat_creates_the_retry_topic_with_the_groups_retry_queues(env):
-    env.store.groups.put(SubscriptionGroupConfig("Wide", retry_queue_nums=3))
+    env.metadata.groups.put(SubscriptionGroupConfig("Wide", retry_queue_nums=3))
     heartbeat(env, "Wide", ["Orders"])
-    retry = env.store.topics.get("%RETRY%Wide")
+    retry = env.metadata.topics.get("%RETRY%Wide")
     assert (retry.read_queue_nums, retry.write_queue_nums, retry.perm) == (3, 3, 6)
 
 
 def test_heartbeat_of_an_unknown_group_creates_no_retry_topic(strict):
     heartbeat(strict, "Ghost", ["Orders"])
-    assert strict.store.topics.get("%RETRY%Ghost") is None
+    assert strict.metadata.topics.get("%RETRY%Ghost") is None
     ids = ConsumerIdList.decode(ok(strict.ask(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "Ghost"})).body)
     assert ids.consumer_id_list == ["10.0.0.7@1"]  # registered all the same, as Apache
 
@@ -640,7 +644,7 @@ def send_back(env: Env, offset: int, group: str = "CG", delay: int = 0, **more):
 
 
 def test_send_back_goes_to_retry_through_the_schedule_topic_then_to_the_dlq(env):
-    env.store.groups.put(SubscriptionGroupConfig("CG", retry_max_times=2))
+    env.metadata.groups.put(SubscriptionGroupConfig("CG", retry_max_times=2))
     ok(env.send("Orders", b"payload"))
     orig = stored(env, "Orders", 0)[0]
     ok(send_back(env, orig.physical_offset))
@@ -652,7 +656,7 @@ def test_send_back_goes_to_retry_through_the_schedule_topic_then_to_the_dlq(env)
     assert first.properties[PROPERTY_DELAY] == "3"
     assert first.properties[PROPERTY_ORIGIN_MESSAGE_ID] == orig.offset_msg_id
     assert first.reconsume_times == 1 and first.body == b"payload"
-    assert env.store.topics.get("%RETRY%CG") is not None
+    assert env.metadata.topics.get("%RETRY%CG") is not None
     # reconsumeTimes 1, explicit delay level 5
     ok(send_back(env, first.physical_offset, delay=5))
     second = stored(env, SCHEDULE_TOPIC, 5 - 1)[0]
@@ -686,10 +690,10 @@ def test_send_back_of_a_bad_offset(env):
 
 
 def test_send_back_for_a_group_without_retry_queues_is_dropped(env):
-    env.store.groups.put(SubscriptionGroupConfig("NoRetry", retry_queue_nums=0))
+    env.metadata.groups.put(SubscriptionGroupConfig("NoRetry", retry_queue_nums=0))
     ok(env.send("Orders", b"x"))
     ok(send_back(env, stored(env, "Orders", 0)[0].physical_offset, group="NoRetry"))
-    assert env.store.topics.get("%RETRY%NoRetry") is None and env.store.topics.get("%DLQ%NoRetry") is None
+    assert env.metadata.topics.get("%RETRY%NoRetry") is None and env.metadata.topics.get("%DLQ%NoRetry") is None
 
 
 # =====================================================================================================
@@ -751,7 +755,7 @@ def test_update_and_create_topic_persists_and_is_listed(env):
     assert "dataVersion" in table
     # a second call updates in place
     ok(env.ask(RequestCode.UPDATE_AND_CREATE_TOPIC, create_topic_ext("Audit", 8, 8, 6)))
-    assert env.store.topics.get("Audit").read_queue_nums == 8
+    assert env.metadata.topics.get("Audit").read_queue_nums == 8
 
 
 @pytest.mark.parametrize("topic", [DEFAULT_TOPIC, CLUSTER])
@@ -766,14 +770,14 @@ def test_create_topic_with_a_bad_name_or_queue_count(env):
     assert (bad.code, bad.remark) == (ResponseCode.SYSTEM_ERROR, ILLEGAL_CHARS)
     many = env.ask(RequestCode.UPDATE_AND_CREATE_TOPIC, create_topic_ext("Many", read=100_000))
     assert many.code == ResponseCode.INVALID_PARAMETER and many.remark.startswith("readQueueNums 100000 is outside 0..")
-    assert env.store.topics.get("no spaces") is None and env.store.topics.get("Many") is None
+    assert env.metadata.topics.get("no spaces") is None and env.metadata.topics.get("Many") is None
 
 
 def test_update_and_create_subscription_group_persists_and_is_listed(env):
     body = json.dumps({"groupName": "Billing", "consumeEnable": False, "retryMaxTimes": 3,
                        "retryQueueNums": 2}).encode()
     ok(env.ask(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body))
-    group = env.store.groups.table.get("Billing")
+    group = env.metadata.groups.table.get("Billing")
     assert (group.consume_enable, group.retry_max_times, group.retry_queue_nums) == (False, 3, 2)
     persisted = env.config("subscriptionGroup.json")["subscriptionGroupTable"]["Billing"]
     assert (persisted["consumeEnable"], persisted["retryMaxTimes"], persisted["retryQueueNums"]) == (False, 3, 2)
@@ -789,7 +793,7 @@ def test_update_subscription_group_with_a_bad_body(env, body):
 
 def test_get_all_delay_offset(env):
     assert json.loads(ok(env.ask(RequestCode.GET_ALL_DELAY_OFFSET)).body)["offsetTable"] == {}
-    env.store.delay_offsets.set(3, 7)
+    env.metadata.delay_offsets.set(3, 7)
     assert json.loads(ok(env.ask(RequestCode.GET_ALL_DELAY_OFFSET)).body)["offsetTable"] == {"3": 7}
 
 

@@ -18,7 +18,7 @@ from broker.remoting.bodies import (
     SubscriptionData,
 )
 from broker.remoting.codes import ExpressionType, PullSysFlag, RequestCode, ResponseCode
-from broker.server import MessageStore, StoreSettings
+from broker.server import BrokerMetadata, MessageStore, StoreSettings
 from broker.server.filter.expressions import EvaluationError
 from broker.server.filter.java_values import JInt, JLong, parse_double
 from broker.server.filter.sql92 import SelectorError, compile_selector, parse, tokenize
@@ -241,16 +241,23 @@ def store(tmp_path):
     ms = MessageStore(tmp_path / "store", StoreSettings(segment_bytes=1 << 16, cq_file_bytes=20 * 64,
                                                         index_slots=64, index_entries=256, fsync_metadata=False))
     ms.open()
-    ms.topics.put(TopicConfig("Props", 1, 1))
     for i, row in enumerate(ROWS):
         ms.put_message(_record("Props", {**row, "TAGS": "TagA" if i % 2 else "TagB"}))
     yield ms
     ms.close()
 
 
-def _core(store: MessageStore, enabled: bool = True) -> BrokerCore:
-    return BrokerCore(store, cluster_name="DefaultCluster", broker_name="broker-a", broker_addr="127.0.0.1:10911",
-                      max_message_size=4 << 20,
+@pytest.fixture
+def metadata(store):
+    meta = BrokerMetadata(store)
+    meta.topics.put(TopicConfig("Props", 1, 1))
+    yield meta
+    meta.close()
+
+
+def _core(store: MessageStore, metadata: BrokerMetadata, enabled: bool = True) -> BrokerCore:
+    return BrokerCore(store, metadata, cluster_name="DefaultCluster", broker_name="broker-a",
+                      broker_addr="127.0.0.1:10911", max_message_size=4 << 20,
                       settings=BrokerSettings(enable_property_filter=enabled))
 
 
@@ -279,8 +286,8 @@ def _check(core: BrokerCore, expression: str, expression_type: str = "SQL92"):
     return reply.code, reply.remark
 
 
-def test_pull_returns_only_matching_messages_and_moves_past_the_rest(store):
-    core = _core(store)
+def test_pull_returns_only_matching_messages_and_moves_past_the_rest(store, metadata):
+    core = _core(store, metadata)
     assert _pull(core, "seq IS NOT NULL") == (0, "8", [0, 2, 4, 6], "FOUND")
     assert _pull(core, "a > 5 AND b = 'x'") == (0, "8", [1, 3, 6], "FOUND")  # offset 7's "abc" fails to convert
     assert _pull(core, "TAGS = 'TagA' AND a IS NOT NULL") == (0, "8", [1, 3, 5, 7], "FOUND")
@@ -298,8 +305,8 @@ def test_pull_returns_only_matching_messages_and_moves_past_the_rest(store):
     assert _pull(core, "TagB", expression_type="")[2] == [0, 2, 4, 6]
 
 
-def test_heartbeat_subscription_filters_pulls_without_one(store):
-    core = _core(store)
+def test_heartbeat_subscription_filters_pulls_without_one(store, metadata):
+    core = _core(store, metadata)
     _heartbeat(core, "G", SubscriptionData("Props", "a BETWEEN 2 AND 7", expression_type="SQL92"))
     assert _pull(core, None) == (0, "8", [1, 3, 5], "FOUND")
     _heartbeat(core, "G", SubscriptionData("Props", "a NOT IN ('1', '2')", expression_type="SQL92"))
@@ -308,8 +315,8 @@ def test_heartbeat_subscription_filters_pulls_without_one(store):
     assert _pull(core, None)[2] == [1, 3, 5, 7]
 
 
-def test_malformed_expressions_are_refused_never_no_match(store):
-    core = _core(store)
+def test_malformed_expressions_are_refused_never_no_match(store, metadata):
+    core = _core(store, metadata)
     detail = "Invalid MessageSelector. Encountered <EOF> at line 1, column 4. Was expecting a literal, a property " \
              'name, "(", "+", "-" or NOT.'
     assert _check(core, "a >") == (ResponseCode.SUBSCRIPTION_PARSE_FAILED, detail)
@@ -324,11 +331,11 @@ def test_malformed_expressions_are_refused_never_no_match(store):
         "expression type JAVA is not supported: the broker filters by TAG or SQL92")
     assert _check(core, "seq IS NOT NULL") == (ResponseCode.SUCCESS, None)
     assert _check(core, "a >", "TAG") == (ResponseCode.SUCCESS, None)  # a tag list is not parsed as SQL
-    assert store.query_consumer_offset("G", "Props", 0, False) is None  # nothing moved
+    assert metadata.query_consumer_offset("G", "Props", 0, False) is None  # nothing moved
 
 
-def test_switch_off_refuses_sql92_as_apache(store):
-    core = _core(store, enabled=False)
+def test_switch_off_refuses_sql92_as_apache(store, metadata):
+    core = _core(store, metadata, enabled=False)
     assert _check(core, "seq IS NOT NULL") == (ResponseCode.SYSTEM_ERROR, NOT_SUPPORTED)
     assert _check(core, "a >") == (ResponseCode.SYSTEM_ERROR, NOT_SUPPORTED)
     assert _pull(core, "seq IS NOT NULL") == (ResponseCode.SYSTEM_ERROR, None, [], NOT_SUPPORTED)
@@ -340,9 +347,9 @@ def test_switch_off_refuses_sql92_as_apache(store):
         == ResponseCode.SYSTEM_ERROR  # a broken body is the client's error, not a crash
 
 
-def test_retry_topic_uses_the_groups_subscription_to_the_original_topic(store):
-    core = _core(store)
-    store.topics.put(TopicConfig("%RETRY%G", 1, 1))
+def test_retry_topic_uses_the_groups_subscription_to_the_original_topic(store, metadata):
+    core = _core(store, metadata)
+    metadata.topics.put(TopicConfig("%RETRY%G", 1, 1))
     retried = [("Props", {"a": "9"}), ("Props", {"a": "1"}), ("Other", {"a": "1"}), ("Props", {}),
                ("Unknown", {"a": "1"}), ("Props", {"a": "6", "b": "x"})]
     for real, props in retried:
@@ -355,7 +362,8 @@ def test_retry_topic_uses_the_groups_subscription_to_the_original_topic(store):
     assert _pull(core, None, topic="%RETRY%G") == (0, "6", [0, 2, 4, 5], "FOUND")
     assert _pull(core, "*", 1, topic="%RETRY%G", expression_type="TAG", max_nums=1) == (0, "3", [2], "FOUND")
     # with the switch off the broker evaluates no SQL92: every retry is delivered
-    assert _pull(_core(store, enabled=False), "*", topic="%RETRY%G", expression_type="TAG")[2] == list(range(6))
+    off = _core(store, metadata, enabled=False)
+    assert _pull(off, "*", topic="%RETRY%G", expression_type="TAG")[2] == list(range(6))
 
 
 def test_enable_property_filter_setting():

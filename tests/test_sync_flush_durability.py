@@ -24,6 +24,7 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.headers import SendMessageRequestHeader
 from broker.server.broker import store_settings
 from broker.server.message_store import MessageStore, PutResult, PutStatus
+from broker.server.metadata import BrokerMetadata
 from broker.server.store_settings import StoreSettings
 from broker.store.constants import ASYNC_FLUSH, SYNC_FLUSH
 from broker.server.processors import BrokerCore, Request
@@ -309,8 +310,8 @@ def test_broker_send_replies_only_after_the_fsync(tmp_path, monkeypatch, flush):
     store = MessageStore(root, store_settings(settings))
     store.open()
     probe = DurabilityProbe(root / "commitlog", monkeypatch)
-    core = BrokerCore(store, cluster_name="DefaultCluster", broker_name="broker-a", broker_addr=settings.broker_addr,
-                      max_message_size=settings.max_message_size)
+    core = BrokerCore(store, BrokerMetadata(store), cluster_name="DefaultCluster", broker_name="broker-a",
+                      broker_addr=settings.broker_addr, max_message_size=settings.max_message_size)
     reported: list[int] = []
     records = 0
     lock = threading.Lock()
@@ -351,4 +352,5 @@ def test_broker_send_replies_only_after_the_fsync(tmp_path, monkeypatch, flush):
         else:
             assert sum(reported) == records and probe.syncs == 0
     finally:
+        core.metadata.close()
         store.close()

@@ -1,7 +1,8 @@
 """The broker's server side: storage engine, recovery, delayed delivery and metadata managers.
 
 ``broker.store`` holds the byte-exact file formats; this package turns them into a running store
-(:class:`MessageStore`). The network layer (request processors, long polling) wraps it.
+(:class:`MessageStore`). The request layer (request processors, the metadata tables of
+:class:`BrokerMetadata`, long polling) wraps it.
 """
 
 from broker.server.dispatch import ConsumeQueueView, Dispatcher
@@ -14,6 +15,7 @@ from broker.server.message_store import (
     QueryResult,
     StoreError,
 )
+from broker.server.metadata import BrokerMetadata
 from broker.server.offsets import (
     ConsumerOffsetManager,
     DelayOffsetManager,
@@ -27,7 +29,8 @@ from broker.server.store_settings import StoreSettings
 from broker.store.constants import ASYNC_FLUSH, SYNC_FLUSH
 
 __all__ = [
-    "ASYNC_FLUSH", "SYNC_FLUSH", "ConsumeQueueView", "ConsumerOffsetManager", "DelayOffsetManager", "Dispatcher",
+    "ASYNC_FLUSH", "SYNC_FLUSH", "BrokerMetadata", "ConsumeQueueView", "ConsumerOffsetManager",
+    "DelayOffsetManager", "Dispatcher",
     "GetResult", "GetStatus", "MessageStore", "PutResult", "PutStatus", "QueryResult", "QueueTail",
     "RecoveryError", "RecoveryReport", "ScheduleService", "SendBackResult", "StoreError", "StoreSettings", "consumer_send_back",
     "SubscriptionGroupManager", "TopicConfigManager",

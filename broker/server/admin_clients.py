@@ -189,14 +189,14 @@ class AdminClientHandlers:
     # ---- the whole group -----------------------------------------------------------------------------
     def reset_offset(self, req: Request) -> Reply:
         h = ResetOffsetRequestHeader.from_ext(req.ext)
-        store = self.core.store
-        config = store.topics.get(h.topic)
+        store, metadata = self.core.store, self.core.metadata
+        config = metadata.topics.get(h.topic)
         if config is None:
             return _error(ResponseCode.SYSTEM_ERROR,
                           f"[reset-offset] reset offset failed, no topic in this broker. topic={h.topic}")
         table: dict[MessageQueue, int] = {}
         for qid in range(config.write_queue_nums):
-            committed = store.consumer_offsets.query_offset(h.group, h.topic, qid)
+            committed = metadata.consumer_offsets.query_offset(h.group, h.topic, qid)
             if committed == -1:
                 return _error(ResponseCode.SYSTEM_ERROR, f"THe consumer group <{h.group}> not exist")
             if h.timestamp == -1:
@@ -216,7 +216,7 @@ class AdminClientHandlers:
                 return _error(ResponseCode.SYSTEM_ERROR,
                               f"the client does not support this feature. version={version_desc(client.version)}")
         for mq, offset in table.items():
-            store.commit_offset(h.group, h.topic, mq.queue_id, offset)
+            metadata.consumer_offsets.commit_offset(h.group, h.topic, mq.queue_id, offset)
         body = (ResetOffsetBodyForC(table) if req.language == CPP_LANGUAGE else ResetOffsetBody(table)).encode()
         ext = ResetOffsetRequestHeader(group=h.group, topic=h.topic, timestamp=h.timestamp, is_force=False).to_ext()
         for client in clients:

@@ -63,12 +63,12 @@ def delete_topic(core: BrokerCore, req: Request) -> Reply:
     if refusal is not None:
         return _reply(ResponseCode.SYSTEM_ERROR, refusal)
     log.info("deleteTopic %s called by %s", h.topic, req.peer)
-    store = core.store
-    existed = store.topics.delete(h.topic)
-    groups = store.consumer_offsets.clean_offset_by_topic(h.topic)
-    store.consumer_offsets.persist()
+    metadata = core.metadata
+    existed = metadata.topics.delete(h.topic)
+    groups = metadata.consumer_offsets.clean_offset_by_topic(h.topic)
+    metadata.consumer_offsets.persist()
     try:
-        store.delete_topic_queues(h.topic)
+        core.store.delete_topic_queues(h.topic)
     finally:
         if existed:
             core.on_topics_changed()  # register now: the name servers drop the topic from this broker's routes
@@ -80,10 +80,10 @@ def delete_topic(core: BrokerCore, req: Request) -> Reply:
 def delete_subscription_group(core: BrokerCore, req: Request) -> Reply:
     h = DeleteSubscriptionGroupRequestHeader.from_ext(req.ext)
     log.info("deleteSubscriptionGroup %s (cleanOffset=%s) called by %s", h.group_name, h.clean_offset, req.peer)
-    core.store.groups.delete(h.group_name)
+    core.metadata.groups.delete(h.group_name)
     if h.clean_offset:
-        topics = core.store.consumer_offsets.remove_offset(h.group_name)
-        core.store.consumer_offsets.persist()
+        topics = core.metadata.consumer_offsets.remove_offset(h.group_name)
+        core.metadata.consumer_offsets.persist()
         log.info("removed the offsets of group %s on %d topic(s)", h.group_name, topics)
     return _reply()
 
@@ -97,21 +97,21 @@ def clone_group_offset(core: BrokerCore, req: Request) -> Reply:
     topic clones nothing); here each of the source group's topics is cloned, which is what the loop
     is for. ``mqadmin cloneGroupOffset`` always sends a topic, where both agree."""
     h = CloneGroupOffsetRequestHeader.from_ext(req.ext)
-    store = core.store
-    topics = [h.topic] if h.topic and h.topic.strip() else store.consumer_offsets.topics_of(h.src_group)
+    metadata = core.metadata
+    topics = [h.topic] if h.topic and h.topic.strip() else metadata.consumer_offsets.topics_of(h.src_group)
     online = core.clients.group_info(h.src_group)
     cloned = []
     for topic in topics:
-        if store.topics.get(topic) is None:
+        if metadata.topics.get(topic) is None:
             log.warning("[cloneGroupOffset], topic config not exist, %s", topic)
             continue
         if not h.offline and online is not None and online.subscriptions and topic not in online.subscriptions:
             log.warning("[cloneGroupOffset], the consumer group[%s], topic[%s] not exist", h.src_group, topic)
             continue
-        if store.consumer_offsets.clone_offset(h.src_group, h.dest_group, topic):
+        if metadata.consumer_offsets.clone_offset(h.src_group, h.dest_group, topic):
             cloned.append(topic)
     if cloned:
-        store.consumer_offsets.persist()
+        metadata.consumer_offsets.persist()
     log.info("cloned offsets of %s to %s on %s", h.src_group, h.dest_group, ", ".join(cloned) or "no topic")
     return _reply()
 

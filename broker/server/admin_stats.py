@@ -113,8 +113,8 @@ def runtime_info(core: BrokerCore) -> dict[str, str]:
     usage = _disk_usage(root)
     if usage is not None:
         info["commitLogDirCapacity"] = f"Total : {human_bytes(usage[0])}, Free : {human_bytes(usage[1])}."
-    with store.delay_offsets.lock:
-        delay_offsets = dict(store.delay_offsets.table.offsets)
+    with core.metadata.delay_offsets.lock:
+        delay_offsets = dict(core.metadata.delay_offsets.table.offsets)
     for level, offset in sorted(delay_offsets.items()):
         info[f"scheduleMessageOffset_{level}"] = f"{offset},{store.max_offset(SCHEDULE_TOPIC, level - 1)}"
     return info
@@ -141,7 +141,7 @@ def _store_time(core: BrokerCore, topic: str, queue_id: int, offset: int) -> int
 
 def _consume_stats(core: BrokerCore, group: str, topic: str, write_queues: int) -> ConsumeStats:
     """One topic of GET_BROKER_CONSUME_STATS: every write queue, lastTimestamp only when known."""
-    committed = core.store.consumer_offsets.offsets_for(group, topic)
+    committed = core.metadata.consumer_offsets.offsets_for(group, topic)
     table = {}
     for qid in range(write_queues):
         consumer = max(committed.get(qid, -1), 0)
@@ -175,23 +175,23 @@ def stats_handlers(core: BrokerCore) -> dict[int, Callable[[Request], Reply]]:
             info = core.clients.group_info(group)
             if info is not None and h.topic in info.subscriptions:
                 groups.add(group)
-        with core.store.consumer_offsets.lock:  # offline too: groups with offsets on the topic
-            groups.update(group for topic, group, _, _ in core.store.consumer_offsets.table.entries()
+        with core.metadata.consumer_offsets.lock:  # offline too: groups with offsets on the topic
+            groups.update(group for topic, group, _, _ in core.metadata.consumer_offsets.table.entries()
                           if topic == h.topic)
         return Reply(body=GroupList(sorted(groups)).encode())
 
     def get_broker_consume_stats(req: Request) -> Reply:
         h = GetConsumeStatsInBrokerHeader.from_ext(req.ext)
-        with core.store.groups.lock:
-            groups = sorted(core.store.groups.table.groups)
+        with core.metadata.groups.lock:
+            groups = sorted(core.metadata.groups.table.groups)
         entries, total_diff = [], 0
         for group in groups:
-            with core.store.consumer_offsets.lock:
-                topics = core.store.consumer_offsets.table.topics_of(group)
+            with core.metadata.consumer_offsets.lock:
+                topics = core.metadata.consumer_offsets.table.topics_of(group)
             online = core.clients.group_info(group)
             per_topic = []
             for topic in topics:
-                config = core.store.topics.get(topic)
+                config = core.metadata.topics.get(topic)
                 if config is None or (h.is_order and not config.order):
                     continue
                 if online is not None and online.subscriptions and topic not in online.subscriptions:
@@ -204,7 +204,7 @@ def stats_handlers(core: BrokerCore) -> dict[int, Callable[[Request], Reply]]:
 
     def query_consume_time_span(req: Request) -> Reply:
         h = QueryConsumeTimeSpanRequestHeader.from_ext(req.ext)
-        config = core.store.topics.get(h.topic)
+        config = core.metadata.topics.get(h.topic)
         if config is None:
             return Reply(code=ResponseCode.TOPIC_NOT_EXIST, remark=f"topic[{h.topic}] not exist")
         now = core.stats.clock()
@@ -212,7 +212,7 @@ def stats_handlers(core: BrokerCore) -> dict[int, Callable[[Request], Reply]]:
         for qid in range(config.write_queue_nums):
             min_time = core.store.earliest_store_time(h.topic, qid)
             max_offset = core.store.max_offset(h.topic, qid)
-            consumer = core.store.consumer_offsets.query_offset(h.group, h.topic, qid)
+            consumer = core.metadata.consumer_offsets.query_offset(h.group, h.topic, qid)
             consume_time = _store_time(core, h.topic, qid, consumer - 1) if consumer > 0 else min_time
             delay = now - _store_time(core, h.topic, qid, consumer) if consumer < max_offset else 0
             spans.append(QueueTimeSpan(MessageQueue(h.topic, core.broker_name, qid), min_time,

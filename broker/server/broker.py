@@ -6,8 +6,9 @@ Process layout (see the README's architecture section for the reasons):
   and stops them in order: network first (no new requests), then the store (flush, checkpoint,
   remove ``abort``).
 * **store process**: owns the store directory — CommitLog append and flush (group commit for
-  SYNC_FLUSH), the schedule service, consumer offsets and every other piece of metadata, the client
-  registry, and name-server registration (every 30 s and right after a topic is created).
+  SYNC_FLUSH), the schedule service, the request layer's metadata (topics, groups, consumer and
+  delay offsets: :class:`~broker.server.metadata.BrokerMetadata`), the client registry, and
+  name-server registration (every 30 s and right after a topic is created).
 * **dispatcher process** (started by the store process): builds ConsumeQueue and IndexFile from the
   CommitLog like Apache's ReputMessageService, and reports which queues grew
   (:mod:`broker.server.dispatch_process`). It runs :class:`~broker.server.processors.BrokerCore` on a thread pool
@@ -40,6 +41,8 @@ from broker.remoting.headers import RegisterBrokerRequestHeader, UnRegisterBroke
 from broker.remoting.transport import Connection, RemotingServer, SyncRemotingClient
 from broker.server.linux_process import set_process_name
 from broker.server.message_store import MessageStore
+from broker.server.metadata import BrokerMetadata
+from broker.server.offsets import TopicConfigManager
 from broker.server.store_settings import StoreSettings
 from broker.server.processors import SEND_CODES, BrokerCore, Reply, Request
 from broker.server.schedule import ScheduleService
@@ -71,9 +74,9 @@ def store_settings(s: BrokerSettings) -> StoreSettings:
 class NameServerRegistrar:
     """Registers the broker's topics with every name server: periodically and when topics change."""
 
-    def __init__(self, settings: BrokerSettings, store: MessageStore) -> None:
+    def __init__(self, settings: BrokerSettings, topics: TopicConfigManager) -> None:
         self.settings = settings
-        self.store = store
+        self.topics = topics
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="namesrv-register", daemon=True)
@@ -103,8 +106,8 @@ class NameServerRegistrar:
                                            broker_id=s.broker_id).to_ext()
 
     def register_once(self) -> None:
-        with self.store.topics.lock:  # request threads create topics meanwhile
-            body = RegisterBrokerBody(self.store.topics.table).encode()
+        with self.topics.lock:  # request threads create topics meanwhile
+            body = RegisterBrokerBody(self.topics.table).encode()
         for addr, client in self._clients.items():
             try:
                 resp = client.invoke(RemotingCommand.request(RequestCode.REGISTER_BROKER, self._header(), body),
@@ -181,10 +184,12 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     dispatcher = ExternalDispatcher(store, log_level)
     dispatcher.start()
     store.start_background()
-    schedule = ScheduleService(store)
+    metadata = BrokerMetadata(store)
+    metadata.start()
+    schedule = ScheduleService(store, metadata.delay_offsets)
     schedule.start()
-    registrar = NameServerRegistrar(settings, store)
-    core = BrokerCore(store, cluster_name=settings.broker_cluster_name, broker_name=settings.broker_name,
+    registrar = NameServerRegistrar(settings, metadata.topics)
+    core = BrokerCore(store, metadata, cluster_name=settings.broker_cluster_name, broker_name=settings.broker_name,
                       broker_addr=settings.broker_addr, max_message_size=settings.max_message_size,
                       auto_create_topic=settings.auto_create_topic_enable, on_topics_changed=registrar.changed,
                       settings=settings, config_path=config_path)
@@ -232,6 +237,7 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     server.close()
     dispatcher.stop()  # everything appended is in the consume queues and the index
     growth.stop()
+    metadata.close()  # no request runs any more: every committed offset is written, under the store's lock
     store.close()
     log.info("store closed cleanly")
 

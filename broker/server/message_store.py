@@ -5,7 +5,9 @@ queues and the index are built by the :mod:`broker.server.dispatch` mode the sto
 same call, same lock; external: the dispatcher process). Reads serve pulls straight from the files
 with ``pread`` (CQ units, then record bytes exactly as stored, which is the PULL_MESSAGE body).
 Settings are :class:`~broker.server.store_settings.StoreSettings`; what to do with a message a consumer
-sends back is the request layer's (:mod:`broker.server.send_back`). Behaviour follows Apache
+sends back is the request layer's (:mod:`broker.server.send_back`), and so are the topic, group
+and offset tables (:mod:`broker.server.metadata`): the store asks only whether a topic has a config
+(``set_topic_config_check``). Behaviour follows Apache
 RocketMQ 4.9.8 as summarised in ``store-format.md`` (3.9 special topics, 4 dispatch, 8
 checkpoint/abort, 9 recovery) and ``remoting-protocol.md`` (9.2 pull statuses, 9.3 store-side send
 checks, 9.5 offsets).
@@ -43,13 +45,7 @@ from broker.server.dispatch import (
     InlineDispatch,
     QueueRegistry,
 )
-from broker.server.offsets import (
-    ConsumerOffsetManager,
-    DelayOffsetManager,
-    SubscriptionGroupManager,
-    TopicConfigManager,
-    resolve_consumer_offset,
-)
+from broker.server.periodic import Periodic
 from broker.store.checkpoint import Checkpoint, CheckpointError, checkpoint_path, read_checkpoint
 from broker.server.store_settings import StoreSettings
 from broker.store.clock import now_ms
@@ -219,31 +215,6 @@ class _SegmentFiles:
             self._fds.clear()
 
 
-class _Periodic:
-    """A daemon thread running ``fn`` every ``interval_ms`` until stopped (errors are logged)."""
-
-    def __init__(self, name: str, interval_ms: int, fn: Callable[[], object]) -> None:
-        self._fn = fn
-        self._interval = interval_ms / 1000
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self._fn()
-            except Exception:
-                log.exception("%s failed", self._thread.name)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-
 # =====================================================================================================
 # The store
 # =====================================================================================================
@@ -275,13 +246,11 @@ class MessageStore:
         self._flushed_store_ts = 0
         self._commitlog_min = 0
         self._written_checkpoint: Checkpoint | None = None
-        self._last_persist = 0.0
-        self._threads: list[_Periodic] = []
+        self._threads: list[Periodic] = []
         self.recovery: recovery.RecoveryReport | None = None  # what the last open() did
-        self.topics: TopicConfigManager | None = None
-        self.groups: SubscriptionGroupManager | None = None
-        self.consumer_offsets: ConsumerOffsetManager | None = None
-        self.delay_offsets: DelayOffsetManager | None = None
+        # whether a topic has a config (the request layer's topic table: set_topic_config_check);
+        # until one is given no topic has one, so a deleted topic takes no client put
+        self._topic_configured: Callable[[str], bool] = lambda topic: False
         self._commit_listener: Callable[[int], None] | None = None
         self._topic_fences: dict[str, int] = {}  # persisted in config/DELETED_TOPICS_FILE
         self._deleting: set[str] = set()  # topics whose queues are being removed: every put refused
@@ -291,9 +260,9 @@ class MessageStore:
     # ---- lifecycle ---------------------------------------------------------------------------------
     def open(self) -> recovery.RecoveryReport:
         """Lock the store, recover (abnormally if ``abort`` exists), re-dispatch what the queues
-        miss, rebuild the queue offset counters from the queues, create ``abort`` and load the
-        metadata. Returns the :class:`~broker.server.recovery.RecoveryReport`. Nothing runs in the
-        background until :meth:`start_background`."""
+        miss, rebuild the queue offset counters from the queues and create ``abort``. Returns the
+        :class:`~broker.server.recovery.RecoveryReport`. Nothing runs in the background until
+        :meth:`start_background`."""
         if self._open:
             raise StoreError(f"store {self.store_dir} is already open")
         self.store_dir.mkdir(parents=True, exist_ok=True)
@@ -319,7 +288,6 @@ class MessageStore:
             self._flushed_offset = self._commitlog_min
             self._dirty_segments = {self._segment_base(self._committed_end)}
             self._load_checkpoint(report.last_store_timestamp)
-            self._load_metadata()
             self._dispatch.opened(self._committed_end)
         except BaseException:
             for resource in (self._writer, self._dispatcher, self._segments):
@@ -331,7 +299,6 @@ class MessageStore:
         self._lock = lock
         self.recovery = report
         self._open = True
-        self._last_persist = time.monotonic()
         log.info("opened store %s (%s, commitlog end %d)", self.store_dir, self.settings.flush_disk_type,
                  self._committed_end)
         return report
@@ -361,33 +328,22 @@ class MessageStore:
         last = max(recovered_ts, self._dispatcher.last_store_timestamp)
         self._last_store_ts = self._flushed_store_ts = last
 
-    def _load_metadata(self) -> None:
-        s = self.settings
-        fsync = s.fsync_metadata
-        self.topics = TopicConfigManager(self.store_dir, cluster_name=s.cluster_name, broker_name=s.broker_name,
-                                         delay_levels=len(self._delay_levels),
-                                         auto_create_topic_enable=s.auto_create_topic_enable,
-                                         default_topic_queue_nums=s.default_topic_queue_nums, fsync=fsync)
-        self.groups = SubscriptionGroupManager(self.store_dir, auto_create=s.auto_create_subscription_group,
-                                               fsync=fsync)
-        self.consumer_offsets = ConsumerOffsetManager(self.store_dir, fsync=fsync)
-        self.delay_offsets = DelayOffsetManager(self.store_dir, fsync=fsync)
-
     def start_background(self) -> None:
-        """Start the async-flush thread (ASYNC_FLUSH only) and the checkpoint/persist thread."""
+        """Start the async-flush thread (ASYNC_FLUSH only) and the checkpoint thread."""
         self._require_open()
         if self._threads:
             return
         if self.settings.flush_disk_type == ASYNC_FLUSH:
-            self._threads.append(_Periodic("commitlog-flush", self.settings.flush_interval_ms, self.flush))
-        self._threads.append(_Periodic("store-checkpoint", self.settings.checkpoint_interval_ms,
-                                       self._checkpoint_tick))
+            self._threads.append(Periodic("commitlog-flush", self.settings.flush_interval_ms, self.flush))
+        self._threads.append(Periodic("store-checkpoint", self.settings.checkpoint_interval_ms,
+                                      self._checkpoint_tick))
         for t in self._threads:
             t.start()
 
     def close(self) -> None:
         """Clean shutdown: stop the threads, flush and fsync everything, write the checkpoint,
-        persist the metadata, remove ``abort`` and release the lock."""
+        remove ``abort`` and release the lock. The request layer's metadata (``config/*.json``,
+        :class:`~broker.server.metadata.BrokerMetadata`) is persisted by its owner, before this."""
         if not self._open:
             return
         for t in self._threads:
@@ -401,7 +357,6 @@ class MessageStore:
         self._dispatcher.close()
         last = max(self._last_store_ts, logics)
         self._write_checkpoint(Checkpoint(last, last, last))
-        self.persist_metadata(force=True)
         self._segments.close()
         remove_abort_marker(self.store_dir)
         self._lock.release()
@@ -409,9 +364,9 @@ class MessageStore:
         log.info("closed store %s cleanly (commitlog end %d)", self.store_dir, self._committed_end)
 
     def abandon(self) -> None:
-        """Let go of the store the way a killed process does: ``abort`` stays, no checkpoint, no
-        config persist. Every put already ``pwrite``-d its bytes, so the files are exactly what a
-        ``kill -9`` at this point leaves (only fsync is skipped). For tests and fault injection."""
+        """Let go of the store the way a killed process does: ``abort`` stays, no checkpoint. Every
+        put already ``pwrite``-d its bytes, so the files are exactly what a ``kill -9`` at this point
+        leaves (only fsync is skipped). For tests and fault injection."""
         if not self._open:
             return
         for t in self._threads:
@@ -482,8 +437,6 @@ class MessageStore:
     def _checkpoint_tick(self) -> None:
         logics = self._dispatcher.sync()
         self._write_checkpoint(Checkpoint(self._flushed_store_ts, logics, logics))
-        if (time.monotonic() - self._last_persist) * 1000 >= self.settings.persist_interval_ms:
-            self.persist_metadata()
 
     def _write_checkpoint(self, cp: Checkpoint) -> None:
         old = self._written_checkpoint
@@ -496,13 +449,6 @@ class MessageStore:
                 return
         cp.write(checkpoint_path(self.store_dir))
         self._written_checkpoint = cp
-
-    def persist_metadata(self, force: bool = False) -> None:
-        """Write the config/*.json tables that changed (all of them with ``force``)."""
-        for manager in (self.topics, self.groups, self.consumer_offsets, self.delay_offsets):
-            if manager is not None:
-                manager.persist(force)
-        self._last_persist = time.monotonic()
 
     # ---- writing ---------------------------------------------------------------------------------
     def put_message(self, rec: MessageRecord, *, apply_delay: bool = True) -> PutResult:
@@ -600,7 +546,7 @@ class MessageStore:
         puts) are let through once the deletion is over: Apache delivers them too, into a new queue."""
         if topic in self._deleting:
             return True
-        return client_put and topic in self._deleted and self.topics is not None and self.topics.get(topic) is None
+        return client_put and topic in self._deleted and not self._topic_configured(topic)
 
     def _prepare(self, records: list[MessageRecord], batch: bool, apply_delay: bool) -> list[MessageRecord] | PutStatus:
         """Validate and rewrite records as the store does before appending (``checkMessage``,
@@ -679,6 +625,16 @@ class MessageStore:
     def min_offset(self, topic: str, queue_id: int) -> int:
         """GET_MIN_OFFSET: first readable logical offset."""
         return self.consume_queue(topic, queue_id).min_offset
+
+    def check_in_disk_by_consume_offset(self, topic: str, queue_id: int, offset: int) -> bool:
+        """Whether the message at a queue offset is older than the in-memory window (4.9.8's
+        ``checkInDiskByConsumeOffset``: more than ``access_message_in_memory_max_ratio`` % of RAM
+        behind the commitlog end); False when there is no such message."""
+        unit = self.consume_queue(topic, queue_id).unit(offset)
+        if unit is None:
+            return False
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return self._committed_end - unit[0] > ram * self.settings.access_message_in_memory_max_ratio // 100
 
     def read_record_bytes(self, phy_offset: int, size: int | None = None) -> bytes:
         """The stored bytes of the message record at ``phy_offset``; raises :class:`RecordError`
@@ -892,6 +848,12 @@ class MessageStore:
         self._require_open()
         self._dispatch.deleter = fn
 
+    def set_topic_config_check(self, fn: Callable[[str], bool]) -> None:
+        """``fn(topic)`` tells whether a topic has a config. The topic table belongs to the request
+        layer (:class:`~broker.server.metadata.BrokerMetadata`); the store asks only this, to let
+        client puts to a topic it deleted through again once the topic was created anew."""
+        self._topic_configured = fn
+
     def delete_topic_queues(self, topic: str) -> int:
         """The store side of DELETE_TOPIC_IN_BROKER (``DefaultMessageStore.deleteTopics``): the
         topic's consume queues are removed, its queue offset counters restart at 0, and its records
@@ -934,33 +896,6 @@ class MessageStore:
         """``fn(topic, queue_id, max_offset)`` whenever a queue grows (for long polling)."""
         self._require_open()
         self._dispatcher.add_listener(fn)
-
-    # ---- consumer side ---------------------------------------------------------------------------
-    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        """UPDATE_CONSUMER_OFFSET (persisted periodically and on close)."""
-        self._require_open()
-        self.consumer_offsets.commit_offset(group, topic, queue_id, offset)
-
-    def check_in_disk_by_consume_offset(self, topic: str, queue_id: int, offset: int) -> bool:
-        """Whether the message at a queue offset is older than the in-memory window (4.9.8's
-        ``checkInDiskByConsumeOffset``: more than ``access_message_in_memory_max_ratio`` % of RAM
-        behind the commitlog end); False when there is no such message."""
-        unit = self.consume_queue(topic, queue_id).unit(offset)
-        if unit is None:
-            return False
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return self._committed_end - unit[0] > ram * self.settings.access_message_in_memory_max_ratio // 100
-
-    def query_consumer_offset(self, group: str, topic: str, queue_id: int,
-                              set_zero_if_not_found: bool = True) -> int | None:
-        """QUERY_CONSUMER_OFFSET (remoting-protocol.md 9.5): committed offset, else 0 for a queue
-        that still starts at 0 in memory (or is empty), else None (answer 22)."""
-        self._require_open()
-        return resolve_consumer_offset(
-            self.consumer_offsets.query_offset(group, topic, queue_id),
-            lambda: self.min_offset(topic, queue_id),
-            lambda: self.check_in_disk_by_consume_offset(topic, queue_id, 0),
-            set_zero_if_not_found)
 
 
 def _delay_level(props: dict[str, str]) -> int | None:

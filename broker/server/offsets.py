@@ -1,9 +1,10 @@
-"""Broker metadata kept beside the store: topic configs, subscription groups, consumer and delay offsets.
+"""Broker metadata kept in the store directory: topic configs, subscription groups, consumer and delay offsets.
 
 Each manager owns one ``config/*.json`` table (parsed and written by :mod:`broker.store.config_files`,
 which does Apache's ``.tmp``/``.bak`` dance and fastjson layout), guards it with its own lock, and
-remembers whether it changed since the last write, so the store's periodic persist only touches files
-that need it. Behaviour follows the 4.9.8 broker managers (``TopicConfigManager``,
+remembers whether it changed since the last write, so the periodic persist
+(:class:`~broker.server.metadata.BrokerMetadata`, which owns the managers) only touches files that
+need it. Behaviour follows the 4.9.8 broker managers (``TopicConfigManager``,
 ``SubscriptionGroupManager``, ``ConsumerOffsetManager``, the schedule service's offset table), as
 summarised in remoting-protocol.md 9.3–9.5 and store-format.md 10.
 """

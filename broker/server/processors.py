@@ -1,10 +1,10 @@
 """Request processors: what the broker answers to each remoting request.
 
-``BrokerCore`` holds every piece of broker state (the MessageStore, topic/group/offset managers,
-the client registry, queue locks) and turns a request into a reply. It runs in the store process;
-the network processes forward decoded requests to it and write its replies back (see
-:mod:`broker.server.broker`). Keeping the logic here, in one process, means metadata has exactly
-one writer and no cross-process locking.
+``BrokerCore`` holds every piece of broker state (the MessageStore, the topic/group/offset tables of
+:class:`~broker.server.metadata.BrokerMetadata`, the client registry, queue locks) and turns a request
+into a reply. It runs in the store process; the network processes forward decoded requests to it and
+write its replies back (see :mod:`broker.server.broker`). Keeping the logic here, in one process,
+means metadata has exactly one writer and no cross-process locking.
 
 Long polling is a reply too: a PULL that finds nothing and may be held comes back as
 ``Reply.suspend``; the network process parks it and asks again when the queue grows.
@@ -62,6 +62,7 @@ from broker.server.admin_metadata import metadata_handlers
 from broker.server.clients import ClientRegistry, Notify
 from broker.server.filter.consumer_filter import Refusal, check_client_config, pull_filter
 from broker.server.message_store import GetStatus, MessageStore, PutResult, PutStatus
+from broker.server.metadata import BrokerMetadata
 from broker.server.send_back import consumer_send_back
 from broker.server.stats import BrokerStatsManager
 from broker.server.settings import BrokerSettings
@@ -187,14 +188,16 @@ _PUT_CODES = {
 
 
 class BrokerCore:
-    """All request handling against one open MessageStore."""
+    """All request handling against one open MessageStore and its metadata (``self.metadata``:
+    topics, groups, consumer and delay offsets; the caller opens and closes both)."""
 
-    def __init__(self, store: MessageStore, *, cluster_name: str, broker_name: str, broker_addr: str,
-                 max_message_size: int, auto_create_topic: bool = True,
+    def __init__(self, store: MessageStore, metadata: BrokerMetadata, *, cluster_name: str, broker_name: str,
+                 broker_addr: str, max_message_size: int, auto_create_topic: bool = True,
                  on_topics_changed: Callable[[], None] | None = None,
                  clients: ClientRegistry | None = None, settings: BrokerSettings | None = None,
                  config_path: str | None = None) -> None:
         self.store = store
+        self.metadata = metadata
         self.cluster_name = cluster_name
         self.broker_name = broker_name
         self.broker_addr = broker_addr
@@ -309,7 +312,7 @@ class BrokerCore:
             raise TopicRefused("The specified topic is longer than topic max length.")
 
     def _topic_for_send(self, h: SendMessageRequestHeader) -> TopicConfig | None:
-        topics = self.store.topics
+        topics = self.metadata.topics
         config = topics.get(h.topic)
         if config is not None:
             return config
@@ -352,7 +355,7 @@ class BrokerCore:
         topic, reconsume = h.topic, h.reconsume_times or 0
         if is_retry_topic(topic):
             group = consumer_group_of(topic) or ""
-            sub = self.store.groups.find(group)
+            sub = self.metadata.groups.find(group)
             if sub is None:  # handleRetryAndDLQ
                 return _error(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}")
             max_times = sub.retry_max_times
@@ -360,8 +363,8 @@ class BrokerCore:
                 max_times = h.max_reconsume_times
             if reconsume >= max_times:  # handleRetryAndDLQ: at the limit it is dead
                 topic, queue_id = dlq_topic(group), 0
-                if self.store.topics.get(topic) is None:
-                    self.store.topics.create_topic_in_send_back(topic, 1)
+                if self.metadata.topics.get(topic) is None:
+                    self.metadata.topics.create_topic_in_send_back(topic, 1)
                     self.on_topics_changed()
         born = _peer_host(req.peer)
         if h.batch:
@@ -425,13 +428,13 @@ class BrokerCore:
     # ---- pull ------------------------------------------------------------------------------------------
     def pull_message(self, req: Request) -> Reply:
         h = PullMessageRequestHeader.from_ext(req.ext)
-        group = self.store.groups.find(h.consumer_group)
+        group = self.metadata.groups.find(h.consumer_group)
         if group is None:
             return _error(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
                           f"subscription group [{h.consumer_group}] does not exist")
         if not group.consume_enable:
             return _error(ResponseCode.NO_PERMISSION, f"subscription group no permission, {h.consumer_group}")
-        config = self.store.topics.get(h.topic)
+        config = self.metadata.topics.get(h.topic)
         if config is None:
             return _error(ResponseCode.TOPIC_NOT_EXIST, f"topic[{h.topic}] not exist, apply first please!")
         if not config.perm & PermName.READ:
@@ -444,8 +447,8 @@ class BrokerCore:
         if flags & PullSysFlag.SUBSCRIPTION:
             expression_type, expression = h.expression_type, h.subscription
             # a pull consumer states its subscription here, not in heartbeats: record it (cheap on repeats)
-            self.store.groups.add_subscription(h.consumer_group, h.topic, h.expression_type, h.subscription,
-                                               h.sub_version)
+            self.metadata.groups.add_subscription(h.consumer_group, h.topic, h.expression_type, h.subscription,
+                                                  h.sub_version)
         else:  # the subscription the group's heartbeats declared
             info = self.clients.group_info(h.consumer_group)
             if info is None:
@@ -476,7 +479,7 @@ class BrokerCore:
         can_suspend = bool(flags & PullSysFlag.SUSPEND) and not req.resumed
         if flags & PullSysFlag.COMMIT_OFFSET and h.commit_offset is not None and h.commit_offset >= 0 \
                 and not req.resumed:
-            self.store.commit_offset(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
+            self.metadata.consumer_offsets.commit_offset(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         if code == ResponseCode.PULL_NOT_FOUND and can_suspend:
             timeout = h.suspend_timeout_millis if h.suspend_timeout_millis and h.suspend_timeout_millis > 0 else 15_000
             # short polling: held shortPollingTimeMills, then PULL_NOT_FOUND (a message arriving meanwhile still
@@ -494,8 +497,8 @@ class BrokerCore:
     def query_consumer_offset(self, req: Request) -> Reply:
         h = QueryConsumerOffsetRequestHeader.from_ext(req.ext)
         self._check_topic_name(h.topic)  # the min offset is read from the queue directory named after it
-        offset = self.store.query_consumer_offset(h.consumer_group, h.topic, h.queue_id,
-                                                  h.set_zero_if_not_found is not False)
+        offset = self.metadata.query_consumer_offset(h.consumer_group, h.topic, h.queue_id,
+                                                     h.set_zero_if_not_found is not False)
         if offset is None:
             return _error(ResponseCode.QUERY_NOT_FOUND,
                           "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
@@ -503,7 +506,7 @@ class BrokerCore:
 
     def update_consumer_offset(self, req: Request) -> Reply:
         h = UpdateConsumerOffsetRequestHeader.from_ext(req.ext)
-        self.store.commit_offset(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
+        self.metadata.consumer_offsets.commit_offset(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         return Reply()
 
     def get_max_offset(self, req: Request) -> Reply:
@@ -555,16 +558,16 @@ class BrokerCore:
     def heart_beat(self, req: Request) -> Reply:
         data = HeartbeatData.decode(req.body)
         for consumer in data.consumers:
-            group = self.store.groups.find(consumer.group_name)
+            group = self.metadata.groups.find(consumer.group_name)
             if group is not None:
                 retry = retry_topic(consumer.group_name)
-                if self.store.topics.get(retry) is None:  # ClientManageProcessor: the group's retry queues
-                    self.store.topics.create_topic_in_send_back(retry, group.retry_queue_nums)
+                if self.metadata.topics.get(retry) is None:  # ClientManageProcessor: the group's retry queues
+                    self.metadata.topics.create_topic_in_send_back(retry, group.retry_queue_nums)
                     self.on_topics_changed()
                 # 5.x's subscriptionDataSet: offline readers see topics a group never committed on.
                 # No subscriptions (pull consumers; 5.x withoutSub heartbeats) says nothing: keep what is known.
                 if consumer.subscriptions and not data.without_sub:
-                    self.store.groups.update_subscriptions(
+                    self.metadata.groups.update_subscriptions(
                         consumer.group_name,
                         [(s.topic, s.expression_type, s.sub_string, s.sub_version) for s in consumer.subscriptions])
         notes = self.clients.heartbeat(req.channel, data, req.language, req.version, req.peer)
@@ -603,7 +606,7 @@ class BrokerCore:
     def consumer_send_msg_back(self, req: Request) -> Reply:
         h = ConsumerSendMsgBackRequestHeader.from_ext(req.ext)
         max_times = h.max_reconsume_times if req.version >= V3_4_9 else None
-        result = consumer_send_back(self.store, h.group, h.offset, h.delay_level or 0, max_times)
+        result = consumer_send_back(self.store, self.metadata, h.group, h.offset, h.delay_level or 0, max_times)
         count_send_back(self, h.group, h.origin_topic, result)
         if result.ok:
             self.on_topics_changed()
@@ -645,17 +648,17 @@ class BrokerCore:
                 return _error(ResponseCode.INVALID_PARAMETER, f"{name} {value} is outside 0..{MAX_QUEUE_NUMS}")
         if h.topic == DEFAULT_TOPIC or h.topic == self.cluster_name:
             return _error(ResponseCode.SYSTEM_ERROR, f"the topic[{h.topic}] is conflict with system reserved words.")
-        self.store.topics.put(TopicConfig(h.topic, read_queue_nums=h.read_queue_nums,
-                                          write_queue_nums=h.write_queue_nums, perm=h.perm,
-                                          topic_filter_type=h.topic_filter_type or "SINGLE_TAG",
-                                          topic_sys_flag=h.topic_sys_flag or 0, order=bool(h.order)))
-        self.store.persist_metadata(force=True)
+        self.metadata.topics.put(TopicConfig(h.topic, read_queue_nums=h.read_queue_nums,
+                                             write_queue_nums=h.write_queue_nums, perm=h.perm,
+                                             topic_filter_type=h.topic_filter_type or "SINGLE_TAG",
+                                             topic_sys_flag=h.topic_sys_flag or 0, order=bool(h.order)))
+        self.metadata.persist(force=True)
         self.on_topics_changed()
         return Reply()
 
     def get_all_topic_config(self, req: Request) -> Reply:
-        with self.store.topics.lock:  # other request threads change the table meanwhile
-            body = dumps_json(self.store.topics.table.to_json())
+        with self.metadata.topics.lock:  # other request threads change the table meanwhile
+            body = dumps_json(self.metadata.topics.table.to_json())
         return Reply(body=body)
 
     def update_and_create_subscription_group(self, req: Request) -> Reply:
@@ -667,23 +670,23 @@ class BrokerCore:
             config = SubscriptionGroupConfig.from_json(data)
         except ConfigFileError as exc:
             raise BodyError(f"subscription group config: {exc}") from None
-        self.store.groups.put(config)
-        self.store.persist_metadata(force=True)
+        self.metadata.groups.put(config)
+        self.metadata.persist(force=True)
         return Reply()
 
     def get_all_subscription_group_config(self, req: Request) -> Reply:
-        with self.store.groups.lock:  # other request threads change the table meanwhile
-            body = dumps_json(self.store.groups.table.to_json())
+        with self.metadata.groups.lock:  # other request threads change the table meanwhile
+            body = dumps_json(self.metadata.groups.table.to_json())
         return Reply(body=body)
 
     def get_all_consumer_offset(self, req: Request) -> Reply:
-        with self.store.consumer_offsets.lock:  # other request threads change the table meanwhile
-            body = dumps_json(self.store.consumer_offsets.table.to_json())
+        with self.metadata.consumer_offsets.lock:  # other request threads change the table meanwhile
+            body = dumps_json(self.metadata.consumer_offsets.table.to_json())
         return Reply(body=body)
 
     def get_all_delay_offset(self, req: Request) -> Reply:
-        with self.store.delay_offsets.lock:  # other request threads change the table meanwhile
-            body = dumps_json(self.store.delay_offsets.table.to_json())
+        with self.metadata.delay_offsets.lock:  # other request threads change the table meanwhile
+            body = dumps_json(self.metadata.delay_offsets.table.to_json())
         return Reply(body=body)
 
     def _last_store_time(self, topic: str, qid: int, offset: int) -> int:
@@ -700,7 +703,7 @@ class BrokerCore:
 
     def get_topic_stats_info(self, req: Request) -> Reply:
         h = GetTopicStatsInfoRequestHeader.from_ext(req.ext)
-        config = self.store.topics.get(h.topic)
+        config = self.metadata.topics.get(h.topic)
         if config is None:
             return _error(ResponseCode.TOPIC_NOT_EXIST, f"topic[{h.topic}] not exist")
         table = {}
@@ -714,14 +717,14 @@ class BrokerCore:
         """Consumer progress per queue (mqadmin consumerProgress): broker, consumer and pull offsets."""
         h = GetConsumeStatsRequestHeader.from_ext(req.ext)
         group = h.consumer_group
-        with self.store.consumer_offsets.lock:
-            topics = [h.topic] if h.topic else sorted(self.store.consumer_offsets.table.topics_of(group))
+        with self.metadata.consumer_offsets.lock:
+            topics = [h.topic] if h.topic else sorted(self.metadata.consumer_offsets.table.topics_of(group))
         table = {}
         for topic in topics:
-            config = self.store.topics.get(topic)
+            config = self.metadata.topics.get(topic)
             if config is None:
                 continue
-            committed = self.store.consumer_offsets.offsets_for(group, topic)
+            committed = self.metadata.consumer_offsets.offsets_for(group, topic)
             for qid in range(config.read_queue_nums):
                 consumer = max(committed.get(qid, 0), 0)
                 table[MessageQueue(topic, self.broker_name, qid)] = OffsetWrapper(

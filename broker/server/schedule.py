@@ -18,6 +18,7 @@ import logging
 import threading
 
 from broker.server.message_store import MessageStore
+from broker.server.offsets import DelayOffsetManager
 from broker.store.constants import PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC
 from broker.store.message import MessageRecord, RecordError
 from broker.store.topics import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, delay_level_to_queue_id
@@ -31,11 +32,15 @@ class ScheduleService:
     """Moves due messages from ``SCHEDULE_TOPIC_XXXX`` to their real topics.
 
     :meth:`run_once` is the whole algorithm and takes the time to compare against, so tests drive
-    it with a fake clock; :meth:`start` runs it on a thread with the store's clock.
+    it with a fake clock; :meth:`start` runs it on a thread with the store's clock. The level
+    offsets (``delayOffset.json``) are the service's to advance and persist, as in Apache's
+    ``ScheduleMessageService``; the broker hands it its metadata's manager, which also answers
+    GET_ALL_DELAY_OFFSET and is persisted with the other tables.
     """
 
-    def __init__(self, store: MessageStore) -> None:
+    def __init__(self, store: MessageStore, offsets: DelayOffsetManager) -> None:
         self.store = store
+        self.offsets = offsets
         self.levels = store.settings.delay_levels
         self._lock = threading.Lock()  # one run at a time (thread and explicit calls)
         self._stop = threading.Event()
@@ -50,12 +55,12 @@ class ScheduleService:
         with self._lock:
             for level in range(1, len(self.levels) + 1):
                 delivered += self._deliver_level(level, now)
-            self.store.delay_offsets.persist()
+            self.offsets.persist()
         return delivered
 
     def _deliver_level(self, level: int, now: int) -> int:
         view = self.store.consume_queue(SCHEDULE_TOPIC, delay_level_to_queue_id(level))
-        offsets = self.store.delay_offsets
+        offsets = self.offsets
         offset = offsets.get(level)
         start = offset
         offset = min(max(offset, view.min_offset), view.max_offset)  # queue trimmed or offset stale
@@ -139,4 +144,4 @@ class ScheduleService:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self.store.delay_offsets.persist()
+        self.offsets.persist()

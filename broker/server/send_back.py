@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 
 from broker.server.message_store import MessageStore, PutResult
+from broker.server.metadata import BrokerMetadata
 from broker.store.constants import PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RETRY_TOPIC
 from broker.store.message import MessageRecord, RecordError
 from broker.store.properties import encode_properties
@@ -33,7 +34,7 @@ class SendBackResult:
         return self.status == "OK"
 
 
-def consumer_send_back(store: MessageStore, group: str, phy_offset: int, delay_level: int = 0,
+def consumer_send_back(store: MessageStore, metadata: BrokerMetadata, group: str, phy_offset: int, delay_level: int = 0,
                        max_reconsume_times: int | None = None) -> SendBackResult:
     """CONSUMER_SEND_MSG_BACK (remoting-protocol.md 9.4, store-format.md 3.9).
 
@@ -44,8 +45,8 @@ def consumer_send_back(store: MessageStore, group: str, phy_offset: int, delay_l
     with ``DELAY`` = ``delay_level`` or ``3 + reconsumeTimes`` when 0, so it waits in
     ``SCHEDULE_TOPIC_XXXX`` first; at the limit or with ``delay_level < 0`` it goes to
     ``%DLQ%<group>`` queue 0 with ``DELAY=0`` left in its properties. Missing retry/DLQ topic
-    configs are created (1 queue, perm 6)."""
-    sub = store.groups.find(group)
+    configs are created (1 queue, perm 6) in ``metadata``'s topic table."""
+    sub = metadata.groups.find(group)
     if sub is None:
         return SendBackResult("SUBSCRIPTION_GROUP_NOT_EXIST")
     if sub.retry_queue_nums <= 0:
@@ -61,12 +62,12 @@ def consumer_send_back(store: MessageStore, group: str, phy_offset: int, delay_l
     if orig.reconsume_times >= limit or delay_level < 0:
         topic = dlq_topic(group)
         queue_id = random.randrange(99_999_999) % DLQ_NUMS_PER_GROUP
-        store.topics.create_topic_in_send_back(topic, DLQ_NUMS_PER_GROUP)
+        metadata.topics.create_topic_in_send_back(topic, DLQ_NUMS_PER_GROUP)
         props[PROPERTY_DELAY] = "0"
     else:
         topic = retry_topic(group)
         queue_id = random.randrange(99_999_999) % sub.retry_queue_nums
-        store.topics.create_topic_in_send_back(topic, sub.retry_queue_nums)
+        metadata.topics.create_topic_in_send_back(topic, sub.retry_queue_nums)
         props[PROPERTY_DELAY] = str(delay_level if delay_level > 0 else 3 + orig.reconsume_times)
     if not props.get(PROPERTY_ORIGIN_MESSAGE_ID, "").strip():
         props[PROPERTY_ORIGIN_MESSAGE_ID] = orig.offset_msg_id
