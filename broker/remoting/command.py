@@ -427,9 +427,11 @@ def parse_int(key: str, value: Any, *, bits: int = 64) -> int:
     Stricter than Python's ``int()`` on purpose: no surrounding blanks, no ``1_000`` — a Java broker
     would reject those too, and a typed error beats a silently different number.
     """
-    if isinstance(value, bool):
+    if type(value) is str and value.isdigit() and value.isascii() and len(value) <= 18:
+        number = int(value)  # the common case, decided without the pattern (one header per message)
+    elif isinstance(value, bool):
         raise HeaderError(f"field {key}: {value!r} is not an integer")
-    if isinstance(value, int):
+    elif isinstance(value, int):
         number = value
     else:
         text = value if isinstance(value, str) else ext_value_to_str(key, value)

@@ -87,22 +87,34 @@ class RequestHeader:
     CODES: ClassVar[tuple[int, ...]] = ()  # request codes that carry this header (documentation/dispatch)
 
     @classmethod
+    def _wire_fields(cls, name_key: str) -> tuple[tuple[str, str, str, bool], ...]:
+        """``(attribute, wire name, kind, required)`` of each wire field, derived once per class
+        (the send path parses a header per message)."""
+        cache = cls.__dict__.get("_wire_cache")
+        if cache is None:
+            cache = {}
+            setattr(cls, "_wire_cache", cache)
+        specs = cache.get(name_key)
+        if specs is None:
+            specs = cache[name_key] = tuple(
+                (spec.name, spec.metadata[name_key] or spec.metadata["wire"], spec.metadata["kind"],
+                 spec.metadata["required"])
+                for spec in fields(cls) if spec.metadata)  # type: ignore[arg-type]
+        return specs
+
+    @classmethod
     def _parse(cls: type[H], ext: Mapping[str, Any], name_key: str) -> H:
         values: dict[str, Any] = {}
-        for spec in fields(cls):  # type: ignore[arg-type]
-            meta = spec.metadata
-            if not meta:
-                continue
-            wire = meta[name_key] or meta["wire"]
+        for name, wire, kind, required in cls._wire_fields(name_key):
             raw = ext.get(wire)
             if raw is None:
-                if meta["required"]:
+                if required:
                     raise HeaderError(f"missing field {wire}")
                 continue  # dataclass default
-            value = _convert(wire, meta["kind"], raw, meta["required"])
+            value = _convert(wire, kind, raw, required)
             if value is None:
                 continue
-            values[spec.name] = value
+            values[name] = value
         return cls(**values)
 
     @classmethod

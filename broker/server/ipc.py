@@ -23,12 +23,13 @@ import asyncio
 import itertools
 import logging
 import pickle
-import queue
+import selectors
 import socket
 import struct
 import threading
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 log = logging.getLogger(__name__)
@@ -43,10 +44,18 @@ def pack(kind: str, ident: int, payload: Any) -> bytes:
 
 
 class IpcServer:
-    """Store side: one reader thread per network process, requests run on a thread pool.
+    """Store side: one I/O thread reads every network process's link; sends are stored on that
+    thread, other requests run on a thread pool.
 
-    ``handle(kind, payload)`` returns the reply payload for ``req`` frames; ``closed`` frames are
-    passed to ``on_closed``. ``broadcast`` sends an event to every connected network process.
+    ``handle(payload)`` returns the reply payload for ``req`` frames; ``closed`` frames are passed to
+    ``on_closed``. ``broadcast`` sends an event to every connected network process.
+
+    Why one I/O thread that also stores the sends (``lane(payload)`` selects them): everything read
+    in one pass over the links — the sends of every network process that arrived meanwhile — goes to
+    ``handle_batch`` at once (one lock, one write, one fsync per group), and no send is handed from
+    thread to thread on its way (each hand-off is a GIL switch). While a batch is stored, the next
+    one gathers in the socket buffers: group commit without a queue. Other requests (pulls, admin)
+    may block; they go to the pool.
     """
 
     def __init__(self, path: str, handle: Callable[[Any], Any], on_closed: Callable[[Any], None],
@@ -60,13 +69,9 @@ class IpcServer:
         self._on_call_reply = on_call_reply
         self._on_process_gone = on_process_gone
         self._by_pid: dict[int, tuple[socket.socket, threading.Lock]] = {}
-        # The lane: requests ``lane(payload)`` selects (sends) queue up for one thread that hands
-        # everything waiting to ``handle_batch`` at once — one lock, one write, one fsync per group.
         self._lane = lane if handle_batch is not None else None
         self._handle_batch = handle_batch
         self._max_batch = max_batch
-        self._lane_queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._lane_thread = threading.Thread(target=self._lane_loop, name="ipc-lane", daemon=True)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="broker-core")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(path)
@@ -74,100 +79,120 @@ class IpcServer:
         self._conns: list[tuple[socket.socket, threading.Lock]] = []
         self._conns_lock = threading.Lock()
         self._stopping = False
-        self._thread = threading.Thread(target=self._accept_loop, name="ipc-accept", daemon=True)
+        self._waiting_sends = 0  # read but not yet stored (GET_BROKER_RUNTIME_INFO's send queue size)
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._selector.register(self._sock, selectors.EVENT_READ, None)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._thread = threading.Thread(target=self._io_loop, name="ipc-io", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
-        if self._lane is not None:
-            self._lane_thread.start()
 
-    def _lane_loop(self) -> None:
-        while True:
-            first = self._lane_queue.get()
-            if first is None:
-                return
-            items = [first]
-            while len(items) < self._max_batch:
-                try:
-                    item = self._lane_queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._lane_queue.put(None)
-                    break
-                items.append(item)
-            try:
-                replies = self._handle_batch([payload for _, _, _, payload in items])
-            except Exception as exc:  # the batch handler answers errors itself; this is a last resort
-                log.exception("batch of %d requests failed", len(items))
-                replies = [exc] * len(items)
-            # one write per network process for the whole batch (its replies are consecutive frames)
-            out: dict[int, tuple[socket.socket, threading.Lock, list[bytes]]] = {}
-            for (conn, lock, ident, _), reply in zip(items, replies):
-                out.setdefault(id(conn), (conn, lock, []))[2].append(pack("rep", ident, reply))
-            for conn, lock, frames in out.values():
-                self._send(conn, lock, b"".join(frames))
+    # ---- the I/O thread --------------------------------------------------------------------------
+    def _io_loop(self) -> None:
+        links: dict[socket.socket, _Link] = {}
+        try:
+            while not self._stopping:
+                sends: list[tuple[_Link, int, Any]] = []
+                for key, _ in self._selector.select():
+                    sock = key.fileobj
+                    if sock is self._sock:
+                        self._accept(links)
+                    elif sock is self._wake_r:
+                        self._wake_r.recv(4096)
+                    else:
+                        link = links[sock]
+                        if not self._read(link, sends):
+                            self._drop(link, links)
+                for i in range(0, len(sends), self._max_batch):
+                    self._store(sends[i:i + self._max_batch])
+        finally:
+            for link in list(links.values()):
+                self._drop(link, links)
 
-    def _accept_loop(self) -> None:
-        while not self._stopping:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            lock = threading.Lock()
-            with self._conns_lock:
-                self._conns.append((conn, lock))
-            threading.Thread(target=self._read_loop, args=(conn, lock), name="ipc-read", daemon=True).start()
+    def _accept(self, links: dict[socket.socket, "_Link"]) -> None:
+        try:
+            conn, _ = self._sock.accept()
+        except OSError:
+            return
+        link = _Link(conn, threading.Lock())
+        links[conn] = link
+        with self._conns_lock:
+            self._conns.append((conn, link.lock))
+        self._selector.register(conn, selectors.EVENT_READ, None)
+
+    def _read(self, link: "_Link", sends: list) -> bool:
+        """Take what the link has (it is readable, so this does not block); False at its end."""
+        try:
+            data = link.sock.recv(1 << 20)
+        except OSError:
+            return False
+        if not data:
+            return False
+        buf = link.buf
+        buf += data
+        pos, end = 0, len(buf)
+        while end - pos >= 4:
+            (size,) = _LEN.unpack_from(buf, pos)
+            if size > MAX_IPC_FRAME:
+                log.error("IPC frame of %d bytes refused", size)
+                return False
+            if end - pos - 4 < size:
+                break
+            kind, ident, payload = pickle.loads(buf[pos + 4:pos + 4 + size])
+            pos += 4 + size
+            if kind == "req":
+                if self._lane is not None and self._lane(payload):
+                    sends.append((link, ident, payload))
+                    self._waiting_sends += 1
+                else:
+                    self._pool.submit(self._run, link.sock, link.lock, ident, payload)
+            elif kind == "closed":
+                self._pool.submit(self._on_closed, payload)
+            elif kind == "hello":
+                link.pid = int(payload)
+                with self._conns_lock:
+                    self._by_pid[link.pid] = (link.sock, link.lock)
+            elif kind == "callrep" and self._on_call_reply is not None:
+                self._pool.submit(self._on_call_reply, ident, payload)  # its callbacks build and send replies
+        del buf[:pos]
+        return True
+
+    def _store(self, sends: list[tuple["_Link", int, Any]]) -> None:
+        try:
+            replies = self._handle_batch([payload for _, _, payload in sends])
+        except Exception as exc:  # the batch handler answers errors itself; this is a last resort
+            log.exception("batch of %d requests failed", len(sends))
+            replies = [exc] * len(sends)
+        self._waiting_sends -= len(sends)
+        # one write per network process for the whole batch (its replies are consecutive frames)
+        out: dict[int, tuple[_Link, list[bytes]]] = {}
+        for (link, ident, _), reply in zip(sends, replies):
+            out.setdefault(id(link), (link, []))[1].append(pack("rep", ident, reply))
+        for link, frames in out.values():
+            self._send(link.sock, link.lock, b"".join(frames))
+
+    def _drop(self, link: "_Link", links: dict[socket.socket, "_Link"]) -> None:
+        links.pop(link.sock, None)
+        try:
+            self._selector.unregister(link.sock)
+        except (KeyError, ValueError):
+            pass
+        with self._conns_lock:
+            self._conns = [(c, lk) for c, lk in self._conns if c is not link.sock]
+            if link.pid is not None and self._by_pid.get(link.pid, (None,))[0] is link.sock:
+                del self._by_pid[link.pid]
+        link.sock.close()
+        if link.pid is not None and self._on_process_gone is not None:
+            self._on_process_gone(link.pid)
 
     def _send(self, conn: socket.socket, lock: threading.Lock, frame: bytes) -> None:
         try:
             with lock:
                 conn.sendall(frame)
         except OSError:
-            pass  # the network process is gone; its reader thread cleans up
-
-    def _read_loop(self, conn: socket.socket, lock: threading.Lock) -> None:
-        pid: int | None = None
-        # buffered: frames that arrived together (a network process writes many at once) are taken
-        # from one recv instead of two system calls each
-        stream = conn.makefile("rb", buffering=1 << 20)
-        try:
-            while True:
-                head = stream.read(4)
-                if len(head) < 4:
-                    return
-                (size,) = _LEN.unpack(head)
-                if size > MAX_IPC_FRAME:
-                    log.error("IPC frame of %d bytes refused", size)
-                    return
-                data = stream.read(size)
-                if len(data) < size:
-                    return
-                kind, ident, payload = pickle.loads(data)
-                if kind == "req":
-                    if self._lane is not None and self._lane(payload):
-                        self._lane_queue.put((conn, lock, ident, payload))
-                    else:
-                        self._pool.submit(self._run, conn, lock, ident, payload)
-                elif kind == "closed":
-                    self._pool.submit(self._on_closed, payload)
-                elif kind == "hello":
-                    pid = int(payload)
-                    with self._conns_lock:
-                        self._by_pid[pid] = (conn, lock)
-                elif kind == "callrep" and self._on_call_reply is not None:
-                    self._pool.submit(self._on_call_reply, ident, payload)  # its callbacks build and send replies
-        except OSError:
-            return
-        finally:
-            stream.close()
-            with self._conns_lock:
-                self._conns = [(c, lk) for c, lk in self._conns if c is not conn]
-                if pid is not None and self._by_pid.get(pid, (None,))[0] is conn:
-                    del self._by_pid[pid]
-            conn.close()
-            if pid is not None and self._on_process_gone is not None:
-                self._on_process_gone(pid)
+            pass  # the network process is gone; the I/O thread cleans up
 
     def _run(self, conn: socket.socket, lock: threading.Lock, ident: int, payload: Any) -> None:
         reply = self._handle(payload)
@@ -177,11 +202,11 @@ class IpcServer:
         self._send(conn, lock, pack("rep", ident, reply))
 
     def queue_sizes(self) -> dict[str, int]:
-        """Requests waiting in the store process: sends for the lane, the others for a pool thread
-        (GET_BROKER_RUNTIME_INFO's send/pull/query thread-pool queue sizes). The executor's own
-        queue is read so that the request path counts nothing."""
+        """Requests waiting in the store process: sends read but not stored yet, the others for a
+        pool thread (GET_BROKER_RUNTIME_INFO's send/pull/query thread-pool queue sizes). The
+        executor's own queue is read so that the request path counts nothing."""
         work = getattr(self._pool, "_work_queue", None)
-        return {"send": self._lane_queue.qsize(), "other": work.qsize() if work is not None else 0}
+        return {"send": max(0, self._waiting_sends), "other": work.qsize() if work is not None else 0}
 
     def send_to(self, pid: int, event: Any) -> bool:
         """Send an event to one network process; False when no process with that pid is connected."""
@@ -202,17 +227,28 @@ class IpcServer:
     def close(self) -> None:
         self._stopping = True
         try:
-            self._sock.close()
+            self._wake_w.send(b"x")
         except OSError:
             pass
-        with self._conns_lock:
-            for conn, _ in self._conns:
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        self._lane_queue.put(None)
+        if self._thread.is_alive():
+            self._thread.join(10)
+        for sock in (self._sock, self._wake_r, self._wake_w):
+            try:
+                sock.close()
+            except OSError:
+                pass
+        self._selector.close()
         self._pool.shutdown(wait=True, cancel_futures=False)
+
+
+@dataclass(eq=False)
+class _Link:
+    """One network process's connection as the I/O thread sees it."""
+
+    sock: socket.socket
+    lock: threading.Lock  # writers: the I/O thread, pool threads, broadcasts
+    buf: bytearray = field(default_factory=bytearray)
+    pid: int | None = None
 
 
 class IpcClient(asyncio.Protocol):
@@ -227,7 +263,7 @@ class IpcClient(asyncio.Protocol):
         self.path = path
         self._on_event = on_event
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending: dict[int, asyncio.Future | Callable[[Any], None]] = {}
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._buf = bytearray()
@@ -253,9 +289,13 @@ class IpcClient(asyncio.Protocol):
             kind, ident, payload = pickle.loads(buf[pos + 4:pos + 4 + size])
             pos += 4 + size
             if kind == "rep":
-                fut = self._pending.pop(ident, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(payload)
+                waiter = self._pending.pop(ident, None)
+                if waiter is None:
+                    pass
+                elif not isinstance(waiter, asyncio.Future):
+                    _call(waiter, payload)
+                elif not waiter.done():
+                    waiter.set_result(payload)
             elif kind == "event":
                 try:
                     self._on_event(payload)
@@ -265,10 +305,12 @@ class IpcClient(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed.set()
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(ConnectionError("store process is gone"))
-        self._pending.clear()
+        waiters, self._pending = self._pending, {}
+        for waiter in waiters.values():
+            if not isinstance(waiter, asyncio.Future):
+                _call(waiter, ConnectionError("store process is gone"))
+            elif not waiter.done():
+                waiter.set_exception(ConnectionError("store process is gone"))
 
     # ---- writing -------------------------------------------------------------------------------
     def _write(self, frame: bytes) -> None:
@@ -290,6 +332,17 @@ class IpcClient(asyncio.Protocol):
         self._write(pack("req", ident, payload))
         return await fut
 
+    def submit(self, payload: Any, callback: Callable[[Any], None]) -> None:
+        """``call`` without a future: ``callback(reply)`` runs as soon as the reply is read, or
+        ``callback(ConnectionError)`` when the store process is gone (the send path: no task and
+        no future per message)."""
+        if self._transport is None or self.closed.is_set():
+            callback(ConnectionError("store process is gone"))
+            return
+        ident = next(self._ids)
+        self._pending[ident] = callback
+        self._write(pack("req", ident, payload))
+
     def send_call_reply(self, call_id: int, outcome: Any) -> None:
         """The outcome of a ``call`` event (a request the store process made to one of our clients)."""
         if self._transport is not None and not self.closed.is_set():
@@ -303,3 +356,10 @@ class IpcClient(asyncio.Protocol):
         if self._transport is not None:
             self._flush()
             self._transport.close()
+
+
+def _call(callback: Callable[[Any], None], outcome: Any) -> None:
+    try:
+        callback(outcome)
+    except Exception:  # one reply's handling must not stop the link's reader
+        log.exception("IPC reply callback failed")
