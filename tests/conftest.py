@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -35,6 +36,19 @@ def _require(path: Path) -> Path:
             pytrace=False,
         )
     return path
+
+
+@pytest.fixture(autouse=True)
+def _no_dispatcher_left_running():
+    """Close the stores a test opened and left open, with their dispatcher processes running (see
+    tests/store_harness.py); looked up only if a test imported the harness, so other tests pay
+    nothing."""
+    harness = sys.modules.get("tests.store_harness")
+    before = harness.open_stores() if harness is not None else frozenset()
+    yield
+    harness = sys.modules.get("tests.store_harness")
+    if harness is not None:
+        harness.close_left_open(before)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ import json
 import os
 import time
 from concurrent.futures import Future
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +18,6 @@ from broker.remoting.bodies import (
     ConsumeFromWhere,
     ConsumeMessageDirectlyResult,
     ConsumerConnection,
-    ConsumerRunningInfo,
     GetConsumerStatusBody,
     MessageQueue,
     ProducerConnection,
@@ -44,6 +42,7 @@ from broker.server.processors import BrokerCore, Reply, Request
 from broker.store.message_id import encode_offset_msg_id
 from broker.store.hosts import Host
 from tests.broker_harness import cluster, live_group_pids
+from tests.store_harness import DispatchedStore
 from tests.cpp_client import ClientProcesses, create_routed_topic, wait_for
 
 T0 = 1_700_000_000_000
@@ -93,10 +92,12 @@ class RecordingCaller:
 
 @pytest.fixture()
 def core(tmp_path):
+    """A BrokerCore over a store with its dispatcher process (tests/store_harness.py)."""
     clock = Clock()
-    store = MessageStore(tmp_path / "store", StoreSettings(segment_bytes=1 << 20, cq_file_bytes=20 * 100,
-                                                           index_slots=64, index_entries=256, fsync_metadata=False),
-                         clock=clock)
+    store = DispatchedStore(tmp_path / "store", StoreSettings(segment_bytes=1 << 20, cq_file_bytes=20 * 100,
+                                                              index_slots=64, index_entries=256,
+                                                              fsync_metadata=False),
+                            clock=clock)
     store.open()
     core = BrokerCore(store, BrokerMetadata(store), cluster_name="DefaultCluster", broker_name="broker-a",
                       broker_addr="127.0.0.1:10911", max_message_size=4 << 20)
@@ -237,7 +238,8 @@ def test_reset_offset_by_time(core):
     for i in range(6):  # queue 0: stored at T0+0, +10, … +50 ms
         core.clock.now = T0 + 10 * i
         send(core, f"m{i}".encode())
-    wait_for("the consume queue", lambda: core.store.max_offset(TOPIC, 0) == 6, 10)
+    core.store.caught_up()
+    assert core.store.max_offset(TOPIC, 0) == 6
     assert core.metadata.topics.get(TOPIC).write_queue_nums == 2
 
     reply = _reset(core, T0 + 25)

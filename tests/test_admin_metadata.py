@@ -31,6 +31,7 @@ from broker.store.constants import DELETED_TOPICS_FILE
 from broker.store.verify import verify_store
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord
+from tests.store_harness import DispatchedStore
 
 SETTINGS = StoreSettings(segment_bytes=64 * 1024, cq_file_bytes=20 * 8, index_slots=64, index_entries=256,
                          fsync_metadata=False, auto_create_topic_enable=False)
@@ -41,12 +42,16 @@ BORN = Host(bytes([10, 0, 0, 1]), 5000)
 # in-process broker
 # =====================================================================================================
 class Broker:
-    """A store and a BrokerCore over it; ``changed`` counts topic-table change notifications."""
+    """A store and a BrokerCore over it; ``changed`` counts topic-table change notifications.
+
+    The store runs with its dispatcher process, as in the broker (tests/store_harness.py), so topic
+    deletion goes through that process; requests and puts return once it caught up, because the
+    tests look at the queues (and their directories) right after."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.changed = 0
-        self.store = MessageStore(root, SETTINGS)
+        self.store = DispatchedStore(root, SETTINGS)
         self.store.open()
         self.metadata = BrokerMetadata(self.store)
         self.core = BrokerCore(self.store, self.metadata, cluster_name="DefaultCluster", broker_name="broker-a",
@@ -57,13 +62,16 @@ class Broker:
         self.changed += 1
 
     def ask(self, code: int, ext: dict[str, str] | None = None, body: bytes = b"", channel=("t", 1)):
-        return self.core.process(Request(code=code, ext=ext or {}, body=body, channel=channel))
+        reply = self.core.process(Request(code=code, ext=ext or {}, body=body, channel=channel))
+        self.store.caught_up()
+        return reply
 
     def put(self, topic: str, queue_id: int, n: int) -> None:
         for i in range(n):
             result = self.store.put_message(MessageRecord(topic=topic, body=b"m%d" % i, queue_id=queue_id,
                                                           born_timestamp=1, born_host=BORN))
             assert result.status is PutStatus.PUT_OK
+        self.store.caught_up()
 
     def send(self, topic: str, body: bytes = b"hello"):
         ext = {"a": "PG", "b": topic, "c": "TBW102", "d": "4", "e": "0", "f": "0", "g": "1", "h": "0", "i": ""}

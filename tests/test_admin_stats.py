@@ -19,7 +19,7 @@ from broker.remoting.bodies import (
 )
 from broker.remoting.codes import PullSysFlag, RequestCode, ResponseCode
 from broker.remoting.headers import SendMessageRequestHeader
-from broker.server import BrokerMetadata, MessageStore, StoreSettings
+from broker.server import BrokerMetadata, StoreSettings
 from broker.server.processors import BrokerCore, Request
 from broker.server.stats import (
     BROKER_PUT_NUMS,
@@ -36,6 +36,7 @@ from broker.server.stats import (
 from broker.remoting.java_text import java_double
 from broker.store.config_files import TopicConfig
 from broker.store.message_id import decode_offset_msg_id
+from tests.store_harness import DispatchedStore
 
 T0 = 1_764_000_000_000  # ms
 CLUSTER, BROKER, ADDR = "DefaultCluster", "broker-a", "127.0.0.1:10911"
@@ -156,9 +157,10 @@ def test_java_double_text():
 # ---- handlers on a BrokerCore ------------------------------------------------------------------------------
 @pytest.fixture()
 def env(tmp_path):
-    """A BrokerCore over a fresh store; store and stats clocks are fake (``env.clock``)."""
+    """A BrokerCore over a fresh store with its dispatcher process (tests/store_harness.py); store and
+    stats clocks are fake (``env.clock``)."""
     clock = Clock()
-    store = MessageStore(tmp_path / "store", StoreSettings(fsync_metadata=False), clock=clock)
+    store = DispatchedStore(tmp_path / "store", StoreSettings(fsync_metadata=False), clock=clock)
     store.open()
     core = BrokerCore(store, BrokerMetadata(store), cluster_name=CLUSTER, broker_name=BROKER, broker_addr=ADDR,
                       max_message_size=4 << 20)
@@ -178,6 +180,7 @@ def send(core: BrokerCore, topic: str, queue_id: int, body: bytes = b"x" * 100) 
     reply = core.process(Request(code=RequestCode.SEND_MESSAGE_V2, ext=header.to_ext(v2=True), body=body,
                                  peer="10.0.0.1:5000"))
     assert reply.code == ResponseCode.SUCCESS, reply.remark
+    core.store.caught_up()  # the tests pull and read queue stats right after
     return reply.ext
 
 

@@ -10,7 +10,6 @@ through the process, and a restart recovers what the process wrote.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,10 +29,7 @@ DEADLINE_S = 30.0
 
 
 def _wait_dispatched(store: MessageStore) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while store.dispatch_behind_bytes:
-        assert time.monotonic() < deadline, f"{store.dispatch_behind_bytes} bytes still undispatched"
-        time.sleep(0.01)
+    store.wait_dispatched(DEADLINE_S)
 
 
 def _put(store: MessageStore, topic: str, n: int, start: int = 0) -> list[int]:
@@ -106,3 +102,38 @@ def test_restart_recovers_what_the_process_wrote(tmp_path: Path):
         assert inline.query_by_key("T", "k39").physical_offsets == (phys[39],)
     finally:
         inline.close()
+
+
+def test_wait_dispatched_raises_when_nothing_dispatches(tmp_path: Path):
+    """An external store whose dispatcher process was never started: the wait names how far behind
+    dispatch is instead of hanging."""
+    store = MessageStore(tmp_path / "s", SETTINGS)
+    store.open()
+    try:
+        store.wait_dispatched(0)  # nothing appended: nothing to wait for
+        _put(store, "T", 1)
+        behind = store.commitlog_max_offset
+        with pytest.raises(TimeoutError, match=f"still {behind} bytes behind commitlog offset {behind} after 0.01 s"):
+            store.wait_dispatched(0.01)
+    finally:
+        store.close()
+
+
+def test_dispatched_end_moves_only_after_the_queues(tmp_path: Path):
+    """Progress from the dispatcher process is applied queues first: while a queue grows (its
+    listener runs) the store still reports the bytes behind, so whoever saw 0 behind finds every
+    unit readable."""
+    store = MessageStore(tmp_path / "s", SETTINGS)
+    store.open()
+    try:
+        assert store.put_message(MessageRecord(topic="T", body=b"x", queue_id=0)).ok
+        end = store.commitlog_max_offset
+        seen: list[tuple[int, int]] = []
+        store.add_dispatch_listener(lambda topic, qid, nxt: seen.append((store.dispatch_behind_bytes,
+                                                                        store.max_offset(topic, qid))))
+        store.external_advance([("T", 0, 1, end)], 0, end)
+        assert seen == [(end, 1)]
+        assert store.dispatch_behind_bytes == 0
+        store.wait_dispatched(0)
+    finally:
+        store.close()

@@ -1,5 +1,11 @@
 """broker.server.MessageStore: puts, pulls, delays, send-back, offsets, index queries, flushing,
-clean shutdown — every store written here must pass ``verify_store`` without findings."""
+clean shutdown — every store written here must pass ``verify_store`` without findings.
+
+The stores run as the broker's store process runs them: external dispatch, with the dispatcher
+process (tests/store_harness.py), so a read that must see the puts before it waits for
+``caught_up``. The tests of the in-process :class:`~broker.server.dispatch.Dispatcher` itself (its
+fsync bookkeeping, its idempotent catch-up) open an inline store: that dispatcher writes only there.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from broker.store.config_files import (
     TopicConfigTable,
     config_path,
 )
-from broker.store.constants import CONSUMER_OFFSET_FILE, DELAY_OFFSET_FILE, TOPICS_FILE
+from broker.store.constants import CONSUMER_OFFSET_FILE, DELAY_OFFSET_FILE, INDEX_DIR, TOPICS_FILE
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord, RecordError, decode_record
 from broker.store.message_id import encode_offset_msg_id
@@ -35,6 +41,7 @@ from broker.store.properties import encode_properties
 from broker.store.store_lock import abort_marker_exists
 from broker.store.topics import SCHEDULE_TOPIC
 from broker.store.verify import verify_store
+from tests.store_harness import DispatchedStore
 
 T0 = 1_790_000_000_000
 LEVELS = "1s 2s"
@@ -90,9 +97,12 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def store(tmp_path, clock):
+def store(request, tmp_path, clock):
+    """An open store with its dispatcher process; ``parametrize("store", ["inline"], indirect=True)``
+    opens an inline one instead."""
     s = settings()
-    st = MessageStore(tmp_path / "store", s, clock=clock)
+    inline = getattr(request, "param", "external") == "inline"
+    st = (MessageStore if inline else DispatchedStore)(tmp_path / "store", s, clock=clock)
     st.open()
     yield st
     if st.is_open:
@@ -115,6 +125,7 @@ def test_put_get_round_trip(store, clock):
     assert [r.physical_offsets[0] for r in results] == [sum(sizes[:i]) for i in range(6)]
     assert store.commitlog_max_offset == sum(sizes)
 
+    store.caught_up()
     got = store.get_messages("TopicA", 1, 0)
     assert got.status is GetStatus.FOUND
     assert (got.next_begin_offset, got.min_offset, got.max_offset) == (3, 0, 3)
@@ -145,6 +156,7 @@ def test_batch_put(store):
     assert res.msg_ids == [encode_offset_msg_id(STORE_HOST, p) for p in res.physical_offsets]
     ends = [r.physical_offset + r.total_size for r in res.records]
     assert list(res.physical_offsets[1:]) == ends[:-1]
+    store.caught_up()
     got = store.get_messages("TopicA", 3, 1)
     assert [r.body for r in split_records(got.body)] == [b"b0", b"b1", b"b2", b"b3"]
     assert [r.properties["WAIT"] for r in split_records(got.body)] == ["true"] * 4
@@ -163,9 +175,11 @@ def test_batch_never_spans_files(store):
     assert res.ok
     assert res.physical_offsets[0] == 16 * 1024  # rolled to the next file with a BLANK
     assert before < 16 * 1024
+    store.caught_up()
     assert store.get_messages("TopicA", 1, 0).message_count == 3
 
 
+@pytest.mark.parametrize("store", ["inline"], indirect=True)  # the in-process dispatcher's bookkeeping
 def test_batch_across_cq_files_marks_both_files_for_fsync(store):
     for _ in range(14):
         store.put_message(msg(queue_id=1))
@@ -191,7 +205,7 @@ def test_put_rejections(store):
 
 
 def test_put_after_close_is_refused(tmp_path, clock):
-    st = MessageStore(tmp_path / "s", settings(), clock=clock)
+    st = DispatchedStore(tmp_path / "s", settings(), clock=clock)
     st.open()
     st.close()
     assert st.put_message(msg()).status is PutStatus.SERVICE_NOT_AVAILABLE
@@ -204,6 +218,7 @@ def test_pull_statuses(store):
     assert store.get_messages("TopicA", 0, 5).status is GetStatus.NO_MESSAGE_IN_QUEUE
     for i in range(3):
         store.put_message(msg(body=bytes([i])))
+    store.caught_up()
     one = store.get_messages("TopicA", 0, 3)
     assert (one.status, one.next_begin_offset, one.min_offset, one.max_offset) == \
         (GetStatus.OFFSET_OVERFLOW_ONE, 3, 0, 3)
@@ -219,13 +234,13 @@ def test_pull_statuses(store):
 
 def test_offset_too_small_after_queue_files_are_gone(tmp_path, clock):
     s = settings(cq_file_bytes=20 * 4)  # 4 units per CQ file
-    st = MessageStore(tmp_path / "s", s, clock=clock)
+    st = DispatchedStore(tmp_path / "s", s, clock=clock)
     st.open()
     for i in range(10):
         st.put_message(msg(body=bytes([i])))
     st.close()
     (tmp_path / "s" / "consumequeue" / "TopicA" / "0" / ("0" * 20)).unlink()  # expired, as Apache deletes them
-    st = MessageStore(tmp_path / "s", s, clock=clock)
+    st = DispatchedStore(tmp_path / "s", s, clock=clock)
     st.open()
     small = st.get_messages("TopicA", 0, 1)
     assert (small.status, small.next_begin_offset, small.min_offset, small.max_offset) == \
@@ -244,6 +259,7 @@ def test_tag_filter(store):
     tags = ["TagA", "TagB", "Aa", "BB", None, "TagA"]  # "Aa" and "BB" share a Java hash code
     for i, t in enumerate(tags):
         store.put_message(msg(body=bytes([i]), **({"TAGS": t} if t else {})))
+    store.caught_up()
     a = store.get_messages("TopicA", 0, 0, tag_filter={"TagA"})
     assert (a.status, a.queue_offsets, a.next_begin_offset) == (GetStatus.FOUND, (0, 5), 6)
     aa = store.get_messages("TopicA", 0, 0, tag_filter={"Aa"})
@@ -259,6 +275,7 @@ def test_max_msgs_and_max_bytes(store):
     results = [store.put_message(msg(body=b"x" * 100)) for _ in range(10)]
     size = results[0].wrote_bytes
     assert all(r.wrote_bytes == size for r in results)
+    store.caught_up()
     three = store.get_messages("TopicA", 0, 2, max_msgs=3)
     assert (three.queue_offsets, three.next_begin_offset) == ((2, 3, 4), 5)
     two = store.get_messages("TopicA", 0, 0, max_bytes=2 * size)
@@ -272,7 +289,7 @@ def test_max_msgs_and_max_bytes(store):
 # ---- delays and the schedule service --------------------------------------------------------------------
 def test_delay_goes_through_schedule_topic(tmp_path, clock):
     s = settings()
-    st = MessageStore(tmp_path / "s", s, clock=clock)
+    st = DispatchedStore(tmp_path / "s", s, clock=clock)
     st.open()
     put = st.put_message(msg(body=b"later", queue_id=2, TAGS="TagD", DELAY="1", KEYS="dk"))
     assert (put.topic, put.queue_id, put.queue_offset, put.store_timestamp) == (SCHEDULE_TOPIC, 0, 0, T0)
@@ -281,6 +298,7 @@ def test_delay_goes_through_schedule_topic(tmp_path, clock):
     clamped = st.put_message(msg(body=b"much later", DELAY="7"))  # also stored at T0
     assert (clamped.topic, clamped.queue_id) == (SCHEDULE_TOPIC, 1)  # level 7 clamped to the max (2)
     assert clamped.records[0].properties["DELAY"] == "2"
+    st.caught_up()
     assert st.consume_queue(SCHEDULE_TOPIC, 0).unit(0)[2] == T0 + 1000  # tagsCode = deliver time
     assert st.get_messages("TopicA", 2, 0).status is GetStatus.NO_MESSAGE_IN_QUEUE
 
@@ -288,6 +306,7 @@ def test_delay_goes_through_schedule_topic(tmp_path, clock):
     sched = ScheduleService(st, meta.delay_offsets)
     assert sched.run_once(T0 + 999) == 0
     assert sched.run_once(T0 + 1000) == 1
+    st.caught_up()
     got = st.get_messages("TopicA", 2, 0)
     assert got.queue_offsets == (0,)
     (delivered,) = split_records(got.body)
@@ -297,6 +316,7 @@ def test_delay_goes_through_schedule_topic(tmp_path, clock):
     assert DelayOffsetTable.load(config_path(tmp_path / "s", DELAY_OFFSET_FILE)).offsets == {1: 1}
     assert sched.run_once(T0 + 1500) == 0  # level 2 not due yet
     assert sched.run_once(T0 + 2010) == 1
+    st.caught_up()
     assert st.get_messages("TopicA", 0, 0).message_count == 1
     assert st.query_by_key("TopicA", "dk").physical_offsets == (delivered.physical_offset,)
     assert st.query_by_key(SCHEDULE_TOPIC, "dk").physical_offsets == (stored.physical_offset,)
@@ -304,7 +324,7 @@ def test_delay_goes_through_schedule_topic(tmp_path, clock):
     st.close()
     assert_clean(tmp_path / "s", s)
 
-    st = MessageStore(tmp_path / "s", s, clock=clock)
+    st = DispatchedStore(tmp_path / "s", s, clock=clock)
     st.open()
     again = ScheduleService(st, BrokerMetadata(st).delay_offsets)
     assert again.run_once(T0 + 60_000) == 0  # offsets were persisted: nothing twice
@@ -313,7 +333,7 @@ def test_delay_goes_through_schedule_topic(tmp_path, clock):
 
 
 def test_schedule_service_thread(tmp_path):
-    st = MessageStore(tmp_path / "s", settings())  # real clock
+    st = DispatchedStore(tmp_path / "s", settings())  # real clock
     st.open()
     sched = ScheduleService(st, BrokerMetadata(st).delay_offsets)
     sched.start(interval_ms=20)
@@ -331,7 +351,7 @@ def test_schedule_service_thread(tmp_path):
 
 def test_send_back_retry_then_dlq(tmp_path, clock):
     s = settings()
-    st = MessageStore(tmp_path / "s", s, clock=clock)
+    st = DispatchedStore(tmp_path / "s", s, clock=clock)
     st.open()
     meta = BrokerMetadata(st)
     meta.groups.put(SubscriptionGroupConfig("g", retry_max_times=2))
@@ -344,7 +364,9 @@ def test_send_back_retry_then_dlq(tmp_path, clock):
         back = consumer_send_back(st, meta, "g", phy, 0)
         assert back.ok
         assert (back.put.topic, back.put.queue_id) == (SCHEDULE_TOPIC, 1)  # 3 + reconsumeTimes, clamped to 2
+        st.caught_up()
         assert sched.run_once(clock.advance(2000).now) == 1
+        st.caught_up()
         got = st.get_messages("%RETRY%g", 0, attempt - 1)
         (retry,) = split_records(got.body)
         assert retry.reconsume_times == attempt
@@ -356,6 +378,7 @@ def test_send_back_retry_then_dlq(tmp_path, clock):
 
     dlq = consumer_send_back(st, meta, "g", phy, 0)
     assert (dlq.status, dlq.put.topic, dlq.put.queue_id) == ("OK", "%DLQ%g", 0)
+    st.caught_up()
     (dead,) = split_records(st.get_messages("%DLQ%g", 0, 0).body)
     assert dead.reconsume_times == 3
     assert dead.properties["DELAY"] == "0" and dead.properties["ORIGIN_MESSAGE_ID"] == origin_id
@@ -380,11 +403,12 @@ def test_send_back_retry_then_dlq(tmp_path, clock):
 # ---- metadata --------------------------------------------------------------------------------------------
 def test_consumer_offsets_persist_and_query(tmp_path, clock):
     s = settings()
-    st = MessageStore(tmp_path / "s", s, clock=clock)
+    st = DispatchedStore(tmp_path / "s", s, clock=clock)
     st.open()
     meta = BrokerMetadata(st)
     for i in range(3):
         st.put_message(msg(queue_id=1))
+    st.caught_up()
     assert meta.query_consumer_offset("g1", "TopicA", 1) == 0  # queue starts at 0, in memory
     assert meta.query_consumer_offset("g1", "TopicA", 5) == 0  # empty queue: 4.9.8 answers 0
     assert meta.query_consumer_offset("g1", "TopicA", 1, set_zero_if_not_found=False) is None
@@ -394,7 +418,7 @@ def test_consumer_offsets_persist_and_query(tmp_path, clock):
     st.close()
     table = ConsumerOffsetTable.load(config_path(tmp_path / "s", CONSUMER_OFFSET_FILE))
     assert table.offsets == {"TopicA@g1": {1: 2}, "TopicA@g2": {0: 0}}
-    st = MessageStore(tmp_path / "s", s, clock=clock)
+    st = DispatchedStore(tmp_path / "s", s, clock=clock)
     st.open()
     meta = BrokerMetadata(st)
     assert meta.query_consumer_offset("g1", "TopicA", 1) == 2
@@ -421,7 +445,8 @@ def test_query_by_key(store):
     for i in range(200):  # 3 index entries per message: the 256-entry index rolls to new files
         res = store.put_message(msg(queue_id=i % 4, KEYS=f"order-{i} shared", UNIQ_KEY=f"U{i:04d}"))
         offsets[i] = res.physical_offsets[0]
-    assert len(store.dispatcher.index.files) >= 2
+    store.caught_up()
+    assert len(list((store.store_dir / INDEX_DIR).iterdir())) >= 2  # written by the dispatcher process
     assert store.query_by_key("TopicA", "order-7").physical_offsets == (offsets[7],)
     assert store.query_by_key("TopicA", "U0150").physical_offsets == (offsets[150],)
     shared = store.query_by_key("TopicA", "shared", max_num=5)
@@ -433,13 +458,14 @@ def test_query_by_key(store):
 
 def test_search_offset_by_time_and_earliest(tmp_path):
     clock = FakeClock()
-    st = MessageStore(tmp_path / "s", settings(), clock=clock)
+    st = DispatchedStore(tmp_path / "s", settings(), clock=clock)
     st.open()
     assert st.earliest_store_time("TopicA", 0) == -1
     assert st.search_offset_by_time("TopicA", 0, T0) == 0
     for i in range(5):  # stored at T0, T0+1000, ... T0+4000
         st.put_message(msg(body=bytes([i])))
         clock.advance(1000)
+    st.caught_up()
     assert st.earliest_store_time("TopicA", 0) == T0
     assert st.search_offset_by_time("TopicA", 0, T0 + 2000) == 2
     assert st.search_offset_by_time("TopicA", 0, T0 + 2500) == 3
@@ -451,6 +477,7 @@ def test_search_offset_by_time_and_earliest(tmp_path):
     st.close()
 
 
+@pytest.mark.parametrize("store", ["inline"], indirect=True)  # drives the in-process dispatcher
 def test_dispatcher_catch_up_is_idempotent(store):
     for i in range(30):
         store.put_message(msg(queue_id=i % 3, KEYS=f"k{i}"))
@@ -475,7 +502,7 @@ def test_read_record_bytes_and_bad_offsets(store):
 @pytest.mark.parametrize("flush", [SYNC_FLUSH, ASYNC_FLUSH])
 def test_flush_modes_and_concurrent_puts(tmp_path, flush):
     s = settings(flush_disk_type=flush, flush_interval_ms=20, checkpoint_interval_ms=20, segment_bytes=64 * 1024)
-    st = MessageStore(tmp_path / "s", s)
+    st = DispatchedStore(tmp_path / "s", s)
     st.open()
     st.start_background()
     results: list = []
@@ -493,6 +520,7 @@ def test_flush_modes_and_concurrent_puts(tmp_path, flush):
     for t in threads:
         t.join()
     assert all(r.status is PutStatus.PUT_OK for r in results)
+    st.caught_up()
     for qid in (0, 1):
         offsets = sorted(r.queue_offset for r in results if r.queue_id == qid)
         assert offsets == list(range(100))
@@ -515,7 +543,7 @@ def test_flush_modes_and_concurrent_puts(tmp_path, flush):
 def test_clean_close_and_reopen_continue(tmp_path, clock):
     s = settings()
     root = tmp_path / "s"
-    st = MessageStore(root, s, clock=clock)
+    st = DispatchedStore(root, s, clock=clock)
     report = st.open()
     assert not report.abnormal and abort_marker_exists(root)
     puts = [st.put_message(msg(body=b"y" * 500, queue_id=i % 3)) for i in range(60)]  # ~2 commitlog files
@@ -524,7 +552,7 @@ def test_clean_close_and_reopen_continue(tmp_path, clock):
     assert read_checkpoint(root).physic_msg_timestamp == puts[-1].store_timestamp
     assert_clean(root, s)
 
-    st = MessageStore(root, s, clock=clock)
+    st = DispatchedStore(root, s, clock=clock)
     report = st.open()
     assert (report.abnormal, report.redispatched, report.bytes_truncated, report.cq_units_truncated) == (False, 0, 0, 0)
     assert report.commitlog_end == st.commitlog_max_offset

@@ -1,6 +1,7 @@
 """In-process tests of ``BrokerCore``'s original request handlers, in the manner of Apache's
 ``*ProcessorTest``s: a ``BrokerCore`` over a temporary ``MessageStore``, ``Request`` objects in,
-``Reply`` objects out — no sockets, no broker processes.
+``Reply`` objects out — no sockets, no network processes. The store runs as in the broker's store
+process: external dispatch, with its dispatcher process (tests/store_harness.py).
 
 Each handler registered in ``BrokerCore.__init__`` gets its success path and every refusal it
 implements, with the exact response code, remark and header/body fields Apache 4.9.x's
@@ -29,7 +30,6 @@ from broker.remoting.bodies import (
 )
 from broker.remoting.codes import PermName, PullSysFlag, RequestCode, ResponseCode
 from broker.remoting.headers import SendMessageRequestHeader
-from broker.server.message_store import MessageStore
 from broker.server.metadata import BrokerMetadata
 from broker.server.processors import MESSAGE_ILLEGAL_REMARK, V3_4_9, BrokerCore, Request
 from broker.server.store_settings import StoreSettings
@@ -49,6 +49,7 @@ from broker.store.constants import (
 from broker.store.message import decode_record
 from broker.store.properties import encode_properties
 from broker.store.topics import DEFAULT_TOPIC, SCHEDULE_TOPIC
+from tests.store_harness import DispatchedStore
 
 CLUSTER, BROKER, ADDR = "DefaultCluster", "broker-a", "127.0.0.1:10911"
 PEER = "10.0.0.7:51000"
@@ -59,12 +60,16 @@ MAX_BODY = 4096
 # fixture: a BrokerCore over a fresh store
 # =====================================================================================================
 class Env:
-    """One store and the BrokerCore answering for it; ``changed`` counts topic-table notifications."""
+    """One store and the BrokerCore answering for it; ``changed`` counts topic-table notifications.
+
+    Every request returns once the dispatcher process caught up with what it appended: the tests
+    read the queues right after a send, and must see them as a reader of the broker does once its
+    units are dispatched (a refused send then truly added nothing, instead of nothing *yet*)."""
 
     def __init__(self, root: Path, *, auto_create_topic: bool = True, auto_create_group: bool = True) -> None:
         self.root = root
         self.changed = 0
-        self.store = MessageStore(root, StoreSettings(fsync_metadata=False, auto_create_topic_enable=auto_create_topic,
+        self.store = DispatchedStore(root, StoreSettings(fsync_metadata=False, auto_create_topic_enable=auto_create_topic,
                                                       auto_create_subscription_group=auto_create_group))
         self.store.open()
         self.metadata = BrokerMetadata(self.store)
@@ -78,8 +83,10 @@ class Env:
 
     def ask(self, code: int, ext: dict[str, str] | None = None, body: bytes = b"", *, channel=("c", 1),
             version: int = 0):
-        return self.core.process(Request(code=code, ext=ext or {}, body=body, channel=channel, peer=PEER,
-                                          version=version))
+        reply = self.core.process(Request(code=code, ext=ext or {}, body=body, channel=channel, peer=PEER,
+                                           version=version))
+        self.store.caught_up()
+        return reply
 
     def send(self, topic: str, body: bytes = b"hello", *, queue_id: int = 0, props: dict[str, str] | None = None,
              code: int = RequestCode.SEND_MESSAGE_V2, version: int = 0, **extra):

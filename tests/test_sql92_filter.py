@@ -28,6 +28,7 @@ from broker.store.config_files import TopicConfig
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord
 from broker.store.properties import encode_properties
+from tests.store_harness import DispatchedStore
 from tests.broker_harness import cluster
 
 NOT_SUPPORTED = "The broker does not support consumer to filter message by SQL92"
@@ -238,11 +239,13 @@ def _record(topic: str, props: dict[str, str], queue_id: int = 0) -> MessageReco
 
 @pytest.fixture
 def store(tmp_path):
-    ms = MessageStore(tmp_path / "store", StoreSettings(segment_bytes=1 << 16, cq_file_bytes=20 * 64,
-                                                        index_slots=64, index_entries=256, fsync_metadata=False))
+    """The rows put to ``Props``, dispatched by the store's dispatcher process (as in the broker)."""
+    ms = DispatchedStore(tmp_path / "store", StoreSettings(segment_bytes=1 << 16, cq_file_bytes=20 * 64,
+                                                           index_slots=64, index_entries=256, fsync_metadata=False))
     ms.open()
     for i, row in enumerate(ROWS):
         ms.put_message(_record("Props", {**row, "TAGS": "TagA" if i % 2 else "TagB"}))
+    ms.caught_up()
     yield ms
     ms.close()
 
@@ -354,6 +357,7 @@ def test_retry_topic_uses_the_groups_subscription_to_the_original_topic(store, m
                ("Unknown", {"a": "1"}), ("Props", {"a": "6", "b": "x"})]
     for real, props in retried:
         store.put_message(_record("%RETRY%G", {**props, "RETRY_TOPIC": real}))
+    store.caught_up()
     _heartbeat(core, "G", SubscriptionData("%RETRY%G", "*"),
                SubscriptionData("Props", "a > 5", expression_type="SQL92"),
                SubscriptionData("Other", "TagZ"))

@@ -102,10 +102,14 @@ def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, 
 
 
 class ExternalDispatcher:
-    """Store-process side: starts the dispatcher process and feeds its progress into the store."""
+    """Store-process side: starts the dispatcher process and feeds its progress into the store.
 
-    def __init__(self, store: MessageStore, log_level: int) -> None:
-        ctx = mp.get_context("spawn")
+    ``start_method`` is the broker's ``spawn`` unless a caller knows better: tests fork, because
+    their process already imported (and JIT-compiled) everything the dispatcher runs, which makes a
+    dispatcher per test store cheap; the dispatcher's code is the same either way."""
+
+    def __init__(self, store: MessageStore, log_level: int, start_method: str = "spawn") -> None:
+        ctx = mp.get_context(start_method)
         self.store = store
         start = store.dispatched_offset
         self._committed = ctx.Value("q", start, lock=False)

@@ -252,6 +252,8 @@ class MessageStore:
         # until one is given no topic has one, so a deleted topic takes no client put
         self._topic_configured: Callable[[str], bool] = lambda topic: False
         self._commit_listener: Callable[[int], None] | None = None
+        # notified when an external dispatcher's progress was applied (``wait_dispatched`` waits on it)
+        self._dispatch_progress = threading.Condition()
         self._topic_fences: dict[str, int] = {}  # persisted in config/DELETED_TOPICS_FILE
         self._deleting: set[str] = set()  # topics whose queues are being removed: every put refused
         self._deleted: set[str] = set()  # deleted by this process: client puts refused while config-less
@@ -829,8 +831,6 @@ class MessageStore:
         d = self._dispatcher
         with d._sync_lock:
             d.last_store_timestamp = max(d.last_store_timestamp, last_store_ts)
-            if dispatched_end is not None:
-                d.next_offset = max(d.next_offset, dispatched_end)
         for topic, qid, nxt, phy_end in queues:
             fence = self._topic_fences.get(topic) if self._topic_fences else None
             if fence is not None and phy_end <= fence:
@@ -841,6 +841,27 @@ class MessageStore:
                     fn(topic, qid, nxt)
                 except Exception:
                     log.exception("dispatch listener failed")
+        # the dispatched end moves only now, after the queues: whoever sees ``dispatch_behind_bytes``
+        # at 0 (``wait_dispatched``) must find every unit up to it readable
+        with self._dispatch_progress:
+            if dispatched_end is not None:
+                d.next_offset = max(d.next_offset, dispatched_end)
+            self._dispatch_progress.notify_all()
+
+    def wait_dispatched(self, timeout: float) -> None:
+        """Return once the consume queues and the index hold every record appended before this call
+        (``dispatch_behind_bytes`` reached 0 for it): what a reader that must see its own puts
+        waits for with an external dispatcher, whose progress arrives on another thread. Immediate
+        with inline dispatch. Raises TimeoutError when dispatch did not get there within
+        ``timeout`` seconds (a dispatcher process that died or never started)."""
+        self._require_open()
+        target = self._committed_end
+        with self._dispatch_progress:
+            if self._dispatch_progress.wait_for(lambda: self._dispatch.behind_bytes(target) == 0, timeout):
+                return
+            behind = self._dispatch.behind_bytes(target)
+        raise TimeoutError(f"dispatch of {self.store_dir} is still {behind} bytes behind commitlog offset "
+                           f"{target} after {timeout:g} s (is the dispatcher process running?)")
 
     def set_topic_deleter(self, fn: Callable[[str, int], None]) -> None:
         """``fn(topic, fence)`` removes a topic's consume queues in the process that writes them (the
