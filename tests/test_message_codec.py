@@ -141,3 +141,18 @@ def test_decode_errors_are_record_errors_not_struct_errors():
         decode_record(data, 0, physical_offset=100)
     with pytest.raises(RecordError):
         decode_record(b"\x00\x00\x00\x05\xda\xa3\x20\xa7", 0)
+
+
+def test_with_position_copies_every_other_field(golden_log):
+    """``with_position`` builds the copy positionally (it runs per stored message): every field but
+    the three it sets must come through, so a field added to MessageRecord cannot be dropped here."""
+    import dataclasses
+
+    records = [r for r in golden_log.iter_records() if isinstance(r, MessageRecord)][:50]
+    assert records
+    for rec in records:
+        placed = rec.with_position(rec.physical_offset + 7, rec.queue_offset + 3, rec.store_timestamp + 1)
+        assert placed == dataclasses.replace(rec, physical_offset=rec.physical_offset + 7,
+                                             queue_offset=rec.queue_offset + 3,
+                                             store_timestamp=rec.store_timestamp + 1)
+    assert len(dataclasses.fields(MessageRecord)) == 16  # with_position lists 16 fields in order

@@ -56,6 +56,7 @@ from broker.store.constants import (
     SYNC_FLUSH,
     CQ_STORE_UNIT_SIZE,
     MAX_MSGS_NUM_BATCH,
+    NAME_VALUE_SEPARATOR,
     MAX_PROPERTIES_LENGTH,
     MESSAGE_MAGIC_CODE_V1,
     MESSAGE_MAGIC_CODE_V2,
@@ -577,14 +578,16 @@ class MessageStore:
                 rec = rewritten
                 if len(rec.properties_bytes) > MAX_PROPERTIES_LENGTH:
                     return PutStatus.PROPERTIES_SIZE_EXCEEDED
-            out.append(replace(rec, store_host=self.settings.store_host, body_crc=None, magic_code=None))
+            if rec.store_host != self.settings.store_host or rec.body_crc is not None or rec.magic_code is not None:
+                rec = replace(rec, store_host=self.settings.store_host, body_crc=None, magic_code=None)
+            out.append(rec)
         return out
 
     def _apply_delay(self, rec: MessageRecord) -> MessageRecord | None:
         """``CommitLog.asyncPutMessage``'s delay rewrite (4.x does it in the store); None if
         ``DELAY`` is not a number (Java's parseInt would throw)."""
-        if not is_queued(rec.sys_flag):
-            return rec
+        if not is_queued(rec.sys_flag) or _DELAY_KEY not in rec.properties_raw:
+            return rec  # (the substring test only rules out; the parse below decides)
         props = rec.properties
         level = _delay_level(props)
         if level is None:
@@ -917,6 +920,9 @@ class MessageStore:
         """``fn(topic, queue_id, max_offset)`` whenever a queue grows (for long polling)."""
         self._require_open()
         self._dispatcher.add_listener(fn)
+
+
+_DELAY_KEY = PROPERTY_DELAY + NAME_VALUE_SEPARATOR
 
 
 def _delay_level(props: dict[str, str]) -> int | None:
