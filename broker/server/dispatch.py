@@ -261,7 +261,8 @@ class Dispatcher:
             commitlog = CommitLog.open(self.store_dir, self.settings.segment_bytes)
         changed = 0
         pending: list[MessageRecord] = []
-        for rec in commitlog.iter_records(from_offset, to_offset):
+        records = commitlog.iter_records(from_offset) if to_offset is None else commitlog.follow(from_offset, to_offset)
+        for rec in records:
             pending.append(rec)
             if len(pending) >= batch:
                 changed += self.dispatch(pending)

@@ -83,6 +83,8 @@ def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, 
             if end > dispatcher.next_offset:
                 if commitlog is None or not commitlog.segments or \
                         end > commitlog.segments[-1].base + settings.segment_bytes:
+                    if commitlog is not None:
+                        commitlog.close()
                     commitlog = CommitLog.open(store_path, settings.segment_bytes)  # a new file was rolled
                 dispatcher.catch_up(dispatcher.next_offset, end, commitlog)
                 dispatcher.next_offset = max(dispatcher.next_offset, end)

@@ -108,6 +108,7 @@ class CommitLog:
     segment_size: int = 0
     findings: list[Finding] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
+    _maps: dict[int, mmap.mmap | bytes] = field(default_factory=dict, repr=False)  # by base, for follow()
 
     @classmethod
     def open(cls, store_dir: str | os.PathLike, segment_size: int | None = None) -> "CommitLog":
@@ -173,6 +174,46 @@ class CommitLog:
             finally:
                 if isinstance(buf, mmap.mmap):
                     buf.close()
+
+    def follow(self, from_offset: int, to_offset: int) -> Iterator[MessageRecord]:
+        """Message records from ``from_offset`` — a record boundary — to ``to_offset``, for a
+        follower of the live log (the dispatcher, batch after small batch).
+
+        Why not :meth:`iter_records`: that one maps the file, searches for the first record and
+        walks with numpy on every call, which costs a few hundred microseconds — per message when
+        the broker is lightly loaded. Here the segment stays mapped (until :meth:`close`) and the
+        records are read one after the other, each checked as it is decoded; a record that fails
+        its check hands the rest of the range to :meth:`iter_records`, which finds where records
+        resume (its findings are not collected here either)."""
+        pos = from_offset
+        while pos < to_offset:
+            seg = self.segment_for(pos)
+            if seg is None:
+                return
+            buf = self._maps.get(seg.base)
+            if buf is None:
+                for base in [b for b in self._maps if b < seg.base]:  # passed for good (and maybe deleted:
+                    old = self._maps.pop(base)                         # a map would keep its disk space)
+                    if isinstance(old, mmap.mmap):
+                        old.close()
+                buf = self._maps[seg.base] = seg.open()
+            try:
+                rec = decode_record(buf, pos - seg.base, pos)
+            except RecordError:
+                yield from self.iter_records(pos, to_offset)
+                return
+            if isinstance(rec, BlankRecord):  # the rest of this file is padding
+                pos = seg.base + self.segment_size
+                continue
+            yield rec
+            pos += rec.total_size
+
+    def close(self) -> None:
+        """Unmap the files :meth:`follow` kept mapped."""
+        maps, self._maps = self._maps, {}
+        for buf in maps.values():
+            if isinstance(buf, mmap.mmap):
+                buf.close()
 
     def data_end(self, known_end: int | None = None) -> int:
         """Physical offset just past the last record of the last non-empty segment.
