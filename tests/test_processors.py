@@ -15,6 +15,7 @@ our remarks on purpose: the tests pin the part before them.
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,8 @@ from broker.remoting.codes import PermName, PullSysFlag, RequestCode, ResponseCo
 from broker.remoting.headers import SendMessageRequestHeader
 from broker.server.metadata import BrokerMetadata
 from broker.server.processors import MESSAGE_ILLEGAL_REMARK, V3_4_9, BrokerCore, Request
+from broker.server.send_draft import SendDrafter
+from broker.store.hosts import Host
 from broker.server.store_settings import StoreSettings
 from broker.store.batch import BatchItem, encode_batch
 from broker.store.config_files import SubscriptionGroupConfig, TopicConfig, read_config_json
@@ -66,9 +69,12 @@ class Env:
     read the queues right after a send, and must see them as a reader of the broker does once its
     units are dispatched (a refused send then truly added nothing, instead of nothing *yet*)."""
 
-    def __init__(self, root: Path, *, auto_create_topic: bool = True, auto_create_group: bool = True) -> None:
+    def __init__(self, root: Path, *, auto_create_topic: bool = True, auto_create_group: bool = True,
+                 drafting: bool = True) -> None:
         self.root = root
         self.changed = 0
+        # as a network process does: plain sends drafted (record encoded) before the core sees them
+        self.drafter = SendDrafter(CLUSTER, Host.parse(ADDR), MAX_BODY) if drafting else None
         self.store = DispatchedStore(root, StoreSettings(fsync_metadata=False, auto_create_topic_enable=auto_create_topic,
                                                       auto_create_subscription_group=auto_create_group))
         self.store.open()
@@ -83,8 +89,12 @@ class Env:
 
     def ask(self, code: int, ext: dict[str, str] | None = None, body: bytes = b"", *, channel=("c", 1),
             version: int = 0):
-        reply = self.core.process(Request(code=code, ext=ext or {}, body=body, channel=channel, peer=PEER,
-                                           version=version))
+        draft = self.drafter.draft(code, ext or {}, body, PEER, channel) if self.drafter is not None else None
+        if draft is not None:
+            (reply,) = self.core.send_messages([draft])
+        else:
+            reply = self.core.process(Request(code=code, ext=ext or {}, body=body, channel=channel, peer=PEER,
+                                               version=version))
         self.store.caught_up()
         return reply
 
@@ -108,9 +118,11 @@ class Env:
         return read_config_json(self.root / "config" / name).data
 
 
-@pytest.fixture
-def env(tmp_path):
-    e = Env(tmp_path / "store")
+@pytest.fixture(params=["drafted", "full"])
+def env(tmp_path, request):
+    """Plain sends drafted as the broker's network processes do, or every send the full way (as
+    a store-process caller such as the schedule service's deliveries would)."""
+    e = Env(tmp_path / "store", drafting=request.param == "drafted")
     yield e
     e.metadata.close()
     e.store.close()
@@ -858,3 +870,71 @@ def test_every_original_handler_is_covered(env):
     original = {code for code, handler in core._handlers.items()
                 if getattr(handler, "__self__", None) is core and handler.__func__.__module__ == BrokerCore.__module__}
     assert original == COVERED
+
+
+# =====================================================================================================
+# drafted sends: the record a network process encodes is the one the full path writes
+# =====================================================================================================
+@pytest.mark.parametrize("peer", ["10.0.0.7:51000", "[fd00::7]:51000"])
+def test_drafted_send_writes_the_same_bytes_as_the_full_path(tmp_path, peer):
+    """The same sends, one store fed drafts (records encoded before the store saw them, only queue
+    id, offsets and store time written in) and one fed whole requests: the commitlogs are equal byte
+    for byte (IPv4 and IPv6 born hosts put the store time at different positions)."""
+    ends = []
+    for path in ("drafted", "full"):
+        store = DispatchedStore(tmp_path / path, StoreSettings(fsync_metadata=False), clock=lambda: 1_700_000_123_456)
+        store.open()
+        metadata = BrokerMetadata(store)
+        core = BrokerCore(store, metadata, cluster_name=CLUSTER, broker_name=BROKER, broker_addr=ADDR,
+                          max_message_size=MAX_BODY)
+        drafter = SendDrafter(CLUSTER, Host.parse(ADDR), MAX_BODY)
+        random.seed(7)  # queue -1: the store picks one at random, the same in both runs
+        for i, (queue_id, props) in enumerate([(0, {"UNIQ_KEY": "U0", "TAGS": "a", "KEYS": "k0 k1"}),
+                                               (1, {"UNIQ_KEY": "U1", "WAIT": "true"}),
+                                               (-1, {"UNIQ_KEY": "U2", "ünï": "çødé"}),
+                                               (0, {"UNIQ_KEY": "U3", "TRAN_MSG": "true"})]):
+            ext = SendMessageRequestHeader(producer_group="PG", topic="Orders", default_topic=DEFAULT_TOPIC,
+                                           default_topic_queue_nums=4, queue_id=queue_id, sys_flag=4 * (i == 3),
+                                           born_timestamp=1_700_000_000_000 + i, flag=i,
+                                           properties=encode_properties(props)).to_ext(v2=True)
+            body = bytes([65 + i]) * (100 + i)
+            if path == "drafted":
+                draft = drafter.draft(RequestCode.SEND_MESSAGE_V2, ext, body, peer, ("c", 1))
+                assert draft is not None
+                (reply,) = core.send_messages([draft])
+            else:
+                reply = core.process(Request(RequestCode.SEND_MESSAGE_V2, ext, body, ("c", 1), peer))
+            ok(reply)
+        store.caught_up()
+        end = store.commitlog_max_offset
+        ends.append((tmp_path / path / "commitlog" / "00000000000000000000").read_bytes()[:end])
+        metadata.close()
+        store.close()
+    assert ends[0] == ends[1]
+    assert len(ends[0]) > 400
+
+
+def test_sends_that_are_not_plain_are_not_drafted():
+    """Batches, retry topics, DELAY, a 5.2 property CRC, refused names and forbidden topics go the
+    full way (the store process decides them; refusals are answered in one place)."""
+    drafter = SendDrafter(CLUSTER, Host.parse(ADDR), MAX_BODY)
+
+    def draft(topic="Orders", props=None, body=b"x", code=RequestCode.SEND_MESSAGE_V2, **extra):
+        ext = SendMessageRequestHeader(producer_group="PG", topic=topic, default_topic=DEFAULT_TOPIC,
+                                       default_topic_queue_nums=4, queue_id=0, sys_flag=0, born_timestamp=1, flag=0,
+                                       properties=encode_properties(props or {}),
+                                       **extra).to_ext(v2=code != RequestCode.SEND_MESSAGE)
+        return drafter.draft(code, ext, body, PEER, None)
+
+    assert draft() is not None
+    assert draft(code=RequestCode.SEND_MESSAGE) is not None
+    assert draft(code=RequestCode.SEND_BATCH_MESSAGE) is None
+    assert draft(batch=True) is None
+    assert draft(topic="%RETRY%CG") is None
+    assert draft(props={"DELAY": "3"}) is None
+    assert draft(props={"__CRC32#": "0000000000"}) is None
+    assert draft(topic="bad/topic") is None
+    assert draft(topic="SCHEDULE_TOPIC_XXXX") is None
+    assert draft(body=b"x" * (MAX_BODY + 1)) is None
+    assert draft(props={"k": "v" * 40_000}) is None
+    assert drafter.draft(RequestCode.SEND_MESSAGE_V2, {"b": "Orders"}, b"x", PEER, None) is None  # no header fields

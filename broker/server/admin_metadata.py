@@ -24,16 +24,14 @@ from broker.remoting.headers import (
     DeleteSubscriptionGroupRequestHeader,
     DeleteTopicRequestHeader,
 )
-from broker.store.constants import MAX_TOPIC_LENGTH, TOPIC_NAME_PATTERN
-from broker.store.topics import SYSTEM_TOPIC_PREFIX, SYSTEM_TOPICS, is_dlq_topic, is_retry_topic
+from broker.server.send_draft import TopicRefused, check_topic_name
+from broker.store.topics import SYSTEM_TOPIC_PREFIX, SYSTEM_TOPICS
 
 if TYPE_CHECKING:
     from broker.server.processors import BrokerCore, Reply, Request
 
 log = logging.getLogger(__name__)
 
-VALID_TOPIC_PATTERN_TEXT = "^[%|a-zA-Z0-9_-]+$"  # TopicValidator.VALID_PATTERN_STR, quoted in its remark
-RETRY_TOPIC_MAX_LENGTH = 255  # %RETRY%/%DLQ% names come from group names, which may be longer
 
 
 def _reply(code: int = ResponseCode.SUCCESS, remark: str | None = None) -> Reply:
@@ -45,13 +43,10 @@ def _reply(code: int = ResponseCode.SUCCESS, remark: str | None = None) -> Reply
 def topic_refusal(topic: str) -> str | None:
     """Why DELETE_TOPIC_IN_BROKER refuses ``topic`` (``TopicValidator.validateTopic`` and
     ``isSystemTopic`` remarks), None when it may be deleted."""
-    if not topic.strip():
-        return "The specified topic is blank."
-    if not TOPIC_NAME_PATTERN.fullmatch(topic):
-        return f"The specified topic contains illegal characters, allowing only {VALID_TOPIC_PATTERN_TEXT}"
-    limit = RETRY_TOPIC_MAX_LENGTH if is_retry_topic(topic) or is_dlq_topic(topic) else MAX_TOPIC_LENGTH
-    if len(topic) > limit:
-        return "The specified topic is longer than topic max length."
+    try:
+        check_topic_name(topic)
+    except TopicRefused as exc:
+        return str(exc)
     if topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX):
         return f"The topic[{topic}] is conflict with system topic."
     return None

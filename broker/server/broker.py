@@ -45,6 +45,7 @@ from broker.server.metadata import BrokerMetadata
 from broker.server.offsets import TopicConfigManager
 from broker.server.store_settings import StoreSettings
 from broker.server.processors import SEND_CODES, BrokerCore, Reply, Request
+from broker.server.send_draft import SendDrafter
 from broker.server.schedule import ScheduleService
 from broker.server.settings import BrokerSettings
 from broker.store.hosts import Host
@@ -258,6 +259,9 @@ class NetworkFrontend:
         from broker.server.ipc import IpcClient
 
         self.link = IpcClient(socket_path, self._on_event)
+        # plain sends are drafted here, their records encoded: the store process only places them
+        self.drafter = SendDrafter(settings.broker_cluster_name, Host.parse(settings.broker_addr),
+                                   settings.max_message_size)
         self.server = RemotingServer(settings.listen_host, settings.listen_port, self.process,
                                      max_frame=settings.max_frame_length, name="broker", reuse_port=True,
                                      fast_handler=self.take_send)
@@ -353,8 +357,10 @@ class NetworkFrontend:
         connection (they never park, and they are most of a busy broker's requests)."""
         if cmd.code not in SEND_CODES:
             return False
-        req = Request(code=cmd.code, ext=dict(cmd.ext_fields), body=cmd.body, channel=self._channel(conn),
-                      peer=conn.peer, language=str(cmd.language), version=int(cmd.version or 0))
+        channel = self._channel(conn)
+        req = self.drafter.draft(cmd.code, cmd.ext_fields, cmd.body, conn.peer, channel) or \
+            Request(code=cmd.code, ext=dict(cmd.ext_fields), body=cmd.body, channel=channel, peer=conn.peer,
+                    language=str(cmd.language), version=int(cmd.version or 0))
 
         def answer(reply) -> None:
             if isinstance(reply, Reply):

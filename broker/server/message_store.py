@@ -49,7 +49,7 @@ from broker.server.periodic import Periodic
 from broker.store.checkpoint import Checkpoint, CheckpointError, checkpoint_path, read_checkpoint
 from broker.server.store_settings import StoreSettings
 from broker.store.clock import now_ms
-from broker.store.commitlog import CommitLogWriter, offset_to_file_name
+from broker.store.commitlog import AppendResult, CommitLogWriter, EncodedAppend, offset_to_file_name
 from broker.store.config_files import ConfigFileError, load_topic_fences, save_topic_fences
 from broker.store.constants import (
     ASYNC_FLUSH,
@@ -72,6 +72,7 @@ from broker.store.constants import (
 from broker.store.index_file import LONG_MAX
 from broker.store.java_hash import tags_code
 from broker.store.message import MessageRecord, RecordError, decode_record
+from broker.store.message_id import encode_offset_msg_id
 from broker.store.properties import encode_properties
 from broker.store.record_layout import STORE_TIMESTAMP_PROBE, read_store_timestamp
 from broker.store.store_lock import StoreLock, abort_marker_exists, create_abort_marker, remove_abort_marker
@@ -119,6 +120,17 @@ class GetStatus(enum.Enum):
     OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
     NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedPut:
+    """A single message whose record bytes were built before the store saw it (a plain send drafted
+    in a network process, :mod:`broker.server.send_draft`): the store only places it — queue id,
+    offsets, store time — and appends the bytes (:meth:`CommitLogWriter.append_encoded`)."""
+
+    data: bytes
+    topic: str
+    queue_id: int
 
 
 @dataclass(frozen=True)
@@ -476,16 +488,22 @@ class MessageStore:
     def _put(self, records: list[MessageRecord], batch: bool, apply_delay: bool) -> PutResult:
         return self.put_many([(records, batch, apply_delay)])[0]
 
-    def put_many(self, puts: Sequence[tuple[list[MessageRecord], bool, bool]]) -> list[PutResult]:
-        """Several independent puts ``(records, batch, apply_delay)`` under one lock, with one write
-        to the file, one dispatch wake-up and (SYNC_FLUSH) one fsync: the broker hands all the sends
-        that arrived together to this call, which is what makes group commit pay off."""
+    def put_many(self, puts: Sequence[tuple[list[MessageRecord], bool, bool] | EncodedPut]) -> list[PutResult]:
+        """Several independent puts ``(records, batch, apply_delay)`` or :class:`EncodedPut` under
+        one lock, with one write to the file, one dispatch wake-up and (SYNC_FLUSH) one fsync: the
+        broker hands all the sends that arrived together to this call, which is what makes group
+        commit pay off."""
         results: list[PutResult | None] = [None] * len(puts)
-        prepared: list[tuple[int, list[MessageRecord]]] = []
-        for i, (records, batch, apply_delay) in enumerate(puts):
+        prepared: list[tuple[int, list[MessageRecord] | EncodedPut]] = []
+        for i, put in enumerate(puts):
             if not self._open:
                 results[i] = PutResult(PutStatus.SERVICE_NOT_AVAILABLE)
-            elif not records:
+                continue
+            if isinstance(put, EncodedPut):
+                prepared.append((i, put))
+                continue
+            records, batch, apply_delay = put
+            if not records:
                 results[i] = PutResult(PutStatus.MESSAGE_ILLEGAL)
             else:
                 ready = self._prepare(records, batch, apply_delay)
@@ -502,16 +520,21 @@ class MessageStore:
                         results[i] = PutResult(PutStatus.SERVICE_NOT_AVAILABLE)
                     prepared = []
                 for i, ready in prepared:
+                    encoded = isinstance(ready, EncodedPut)
                     if self._deleting or self._deleted:
-                        if self._refused_topic(ready[0].topic, puts[i][1] or puts[i][2]):
+                        client_put = True if encoded else puts[i][1] or puts[i][2]
+                        if self._refused_topic(ready.topic if encoded else ready[0].topic, client_put):
                             results[i] = PutResult(PutStatus.TOPIC_NOT_EXIST)
                             continue
                     before = self._writer.write_offset
                     ts = self.clock()
                     try:
-                        placed = self._writer.append_batch(ready, ts)
+                        if encoded:
+                            placed = [self._writer.append_encoded(ready.data, ready.topic, ready.queue_id, ts)]
+                        else:
+                            placed = self._writer.append_batch(ready, ts)
                     except ValueError as exc:  # cannot fit a commitlog file
-                        log.warning("rejected put to %s: %s", ready[0].topic, exc)
+                        log.warning("rejected put to %s: %s", ready.topic if encoded else ready[0].topic, exc)
                         results[i] = PutResult(PutStatus.MESSAGE_ILLEGAL)
                         continue
                     self._dirty_segments.add(self._segment_base(before))
@@ -527,7 +550,8 @@ class MessageStore:
                             results[i] = PutResult(PutStatus.UNKNOWN_ERROR)
                         return results  # type: ignore[return-value]
                     self._committed_end = self._writer.write_offset
-                    self._dispatch.appended([r.record for _, placed, _ in appended for r in placed])
+                    if not self._dispatch.external:  # in-process dispatch needs the records themselves
+                        self._dispatch.appended([_placed_record(r) for _, placed, _ in appended for r in placed])
                     end = self._committed_end
         if end is not None:
             if self._commit_listener is not None:
@@ -536,6 +560,12 @@ class MessageStore:
             if self.settings.flush_disk_type == SYNC_FLUSH and not self._sync_to(end):
                 status = PutStatus.FLUSH_DISK_TIMEOUT
             for i, placed_results, ts in appended:
+                if isinstance(puts[i], EncodedPut):
+                    (one,) = placed_results
+                    results[i] = PutResult(status, encode_offset_msg_id(self.settings.store_host, one.physical_offset),
+                                           puts[i].topic, puts[i].queue_id, one.queue_offset, (one.physical_offset,),
+                                           one.size, ts)
+                    continue
                 placed = tuple(r.record for r in placed_results)
                 results[i] = PutResult(status, ",".join(r.offset_msg_id for r in placed), placed[0].topic,
                                        placed[0].queue_id, placed[0].queue_offset,
@@ -923,6 +953,12 @@ class MessageStore:
 
 
 _DELAY_KEY = PROPERTY_DELAY + NAME_VALUE_SEPARATOR
+
+
+def _placed_record(placed: AppendResult | EncodedAppend) -> MessageRecord:
+    if isinstance(placed, EncodedAppend):
+        return decode_record(placed.data, 0, placed.physical_offset)
+    return placed.record
 
 
 def _delay_level(props: dict[str, str]) -> int | None:

@@ -12,7 +12,6 @@ Long polling is a reply too: a PULL that finds nothing and may be held comes bac
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import threading
@@ -62,9 +61,18 @@ from broker.server.admin_stats import count_send_back, stats_handlers
 from broker.server.admin_metadata import metadata_handlers
 from broker.server.clients import ClientRegistry, Notify
 from broker.server.filter.consumer_filter import Refusal, check_client_config, pull_filter
-from broker.server.message_store import GetStatus, MessageStore, PutResult, PutStatus
+from broker.server.message_store import EncodedPut, GetStatus, MessageStore, PutResult, PutStatus
 from broker.server.metadata import BrokerMetadata
 from broker.server.send_back import consumer_send_back
+from broker.server.send_draft import (
+    NOT_ALLOWED_SEND_TOPICS,
+    SendDraft,
+    TopicRefused,
+    check_topic_name,
+    peer_host,
+    properties_too_long,
+    send_properties,
+)
 from broker.server.stats import BrokerStatsManager
 from broker.server.settings import BrokerSettings
 from broker.server.settings.declared import MAX_TOPIC_QUEUE_NUMS as MAX_QUEUE_NUMS
@@ -74,25 +82,17 @@ from broker.store.constants import (
     COMPRESSED_FLAG,
     COMPRESSION_TYPE_MASK,
     MAX_PROPERTIES_LENGTH,
-    MAX_TOPIC_LENGTH,
     NAME_VALUE_SEPARATOR,
     PROPERTY_CLUSTER,
     PROPERTY_SEPARATOR,
     PROPERTY_UNIQ_KEY,
-    PROPERTY_WAIT,
-    TOPIC_NAME_PATTERN,
 )
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord
 from broker.store.message_id import UniqKeyGenerator
-from broker.store.properties import decode_properties, encode_properties
+from broker.store.properties import decode_properties
 from broker.store.topics import (
     DEFAULT_TOPIC,
-    DLQ_GROUP_TOPIC_PREFIX,
-    SCHEDULE_TOPIC,
-    TRANS_CHECK_MAX_TIME_TOPIC,
-    TRANS_HALF_TOPIC,
-    TRANS_OP_HALF_TOPIC,
     InvalidTopicError,
     consumer_group_of,
     dlq_topic,
@@ -104,15 +104,7 @@ log = logging.getLogger(__name__)
 
 # Apache reads it from the JVM system property rocketmq.broker.rebalance.lockMaxLiveTime, not broker.conf
 LOCK_MAX_LIVE_S = 60.0
-RETRY_TOPIC_MAX_LENGTH = 255
 V3_4_9 = 121  # clients at or above honour maxReconsumeTimes from the send-back header
-# TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET: only the broker itself writes these
-NOT_ALLOWED_SEND_TOPICS = frozenset({SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
-                                     "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT"})
-
-
-class TopicRefused(InvalidTopicError):
-    """A topic name ``TopicValidator.validateTopic`` refuses; the message is Apache's remark."""
 
 
 @dataclass
@@ -159,6 +151,18 @@ class PreparedSend:
     batch: bool
     queue_id: int
     uniq_key: str | None
+    encoded: bytes | None = None  # a drafted send's record, encoded by the network process (records: [])
+    topic: str = ""
+
+    def put(self) -> tuple[list[MessageRecord], bool, bool] | EncodedPut:
+        """What ``MessageStore.put_many`` takes for this send."""
+        if self.encoded is not None:
+            return EncodedPut(self.encoded, self.topic, self.queue_id)
+        return self.records, self.batch, not self.batch
+
+    @property
+    def count(self) -> int:
+        return 1 if self.encoded is not None else len(self.records)
 
 
 SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE})
@@ -276,14 +280,14 @@ class BrokerCore:
         replies: list[Reply | None] = [None] * len(reqs)
         ready: list[tuple[int, PreparedSend]] = []
         for i, req in enumerate(reqs):
-            prepared = self._guarded(self._prepare_send, req)
+            prepared = self._guarded(self._place_draft if isinstance(req, SendDraft) else self._prepare_send, req)
             if isinstance(prepared, Reply):
                 replies[i] = prepared
             else:
                 ready.append((i, prepared))
         if ready:
             try:
-                results = self.store.put_many([(p.records, p.batch, not p.batch) for _, p in ready])
+                results = self.store.put_many([p.put() for _, p in ready])
             except Exception as exc:
                 log.exception("storing %d sends failed", len(ready))
                 results = None
@@ -292,8 +296,7 @@ class BrokerCore:
             if results is not None:
                 for (i, p), result in zip(ready, results):
                     replies[i] = self._send_reply(result, p.queue_id, p.uniq_key)
-                self.stats.on_puts([(p.records[0].topic, len(p.records), r.wrote_bytes)
-                                    for (_, p), r in zip(ready, results) if r.ok])
+                self.stats.on_puts([(p.topic, p.count, r.wrote_bytes) for (_, p), r in zip(ready, results) if r.ok])
         return replies  # type: ignore[return-value]
 
     def _guarded(self, handler: Callable[[Request], object], req: Request):
@@ -312,36 +315,59 @@ class BrokerCore:
 
     # ---- topics --------------------------------------------------------------------------------------
     def _check_topic_name(self, topic: str) -> None:
-        """``TopicValidator.validateTopic`` with its remarks (blank, then characters, then length); the
-        names also become queue directory names, so this keeps every read and write inside the store.
-        Retry and DLQ topics carry a group name and may be 255 characters long."""
-        limit = RETRY_TOPIC_MAX_LENGTH if is_retry_topic(topic) or topic.startswith(DLQ_GROUP_TOPIC_PREFIX) \
-            else MAX_TOPIC_LENGTH
-        if not topic.strip():
-            raise TopicRefused("The specified topic is blank.")
-        if not TOPIC_NAME_PATTERN.fullmatch(topic):
-            raise TopicRefused("The specified topic contains illegal characters, allowing only "
-                               + TOPIC_NAME_PATTERN.pattern)
-        if len(topic) > limit:
-            raise TopicRefused("The specified topic is longer than topic max length.")
+        check_topic_name(topic)
 
-    def _topic_for_send(self, h: SendMessageRequestHeader) -> TopicConfig | None:
+    def _topic_for_send(self, topic: str, default_topic: str | None,
+                        default_queue_nums: int | None) -> TopicConfig | None:
         topics = self.metadata.topics
-        config = topics.get(h.topic)
+        config = topics.get(topic)
         if config is not None:
             return config
-        if is_retry_topic(h.topic):
-            config = topics.create_topic_in_send_back(h.topic, 1)
+        if is_retry_topic(topic):
+            config = topics.create_topic_in_send_back(topic, 1)
         elif self.auto_create_topic:
-            config = topics.create_topic_in_send_message(h.topic, h.default_topic or DEFAULT_TOPIC,
-                                                         h.default_topic_queue_nums or 4)
+            config = topics.create_topic_in_send_message(topic, default_topic or DEFAULT_TOPIC, default_queue_nums or 4)
         if config is not None:
             self.on_topics_changed()
         return config
 
+    def _send_target(self, topic: str, default_topic: str | None, default_queue_nums: int | None,
+                     queue_id: int, peer: str) -> Reply | tuple[TopicConfig, int]:
+        """The stateful checks of a send (``msgCheck``): the topic's config (auto-created when
+        allowed), its write permission, and the queue (a random writable one for < 0)."""
+        config = self._topic_for_send(topic, default_topic, default_queue_nums)
+        if config is None:
+            return _error(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+        if not config.perm & PermName.WRITE:
+            return _error(ResponseCode.NO_PERMISSION, f"the topic[{topic}] sending message is forbidden")
+        if queue_id < 0:
+            queue_id = random.randrange(max(config.write_queue_nums, 1))
+        elif queue_id >= max(config.read_queue_nums, config.write_queue_nums):
+            return _error(ResponseCode.SYSTEM_ERROR, f"request queueId[{queue_id}] is illegal, "
+                                                     f"{_topic_config_text(config)} Producer: {peer}")
+        return config, queue_id
+
     # ---- send ------------------------------------------------------------------------------------------
     def send_message(self, req: Request) -> Reply:
         return self.send_messages([req])[0]
+
+    def _too_big(self, topic: str, size: int, peer: str) -> Reply | None:
+        if size <= self.max_message_size:
+            return None
+        log.info("send to %s from %s: body of %d bytes exceeds maxMessageSize %d", topic, peer, size,
+                 self.max_message_size)
+        return _error(ResponseCode.MESSAGE_ILLEGAL, MESSAGE_ILLEGAL_REMARK)
+
+    def _place_draft(self, d: SendDraft) -> Reply | PreparedSend:
+        """A send drafted by a network process (:mod:`broker.server.send_draft`): only the stateful
+        half is left. The size is checked again: UPDATE_BROKER_CONFIG may have lowered the limit."""
+        refusal = self._too_big(d.topic, d.body_size, d.peer)
+        if refusal is not None:
+            return refusal
+        target = self._send_target(d.topic, d.default_topic, d.default_topic_queue_nums, d.queue_id, d.peer)
+        if isinstance(target, Reply):
+            return target
+        return PreparedSend([], False, target[1], d.uniq_key, encoded=d.data, topic=d.topic)
 
     def _prepare_send(self, req: Request) -> Reply | PreparedSend:
         h = SendMessageRequestHeader.from_ext(req.ext, v2=req.code in (RequestCode.SEND_MESSAGE_V2,
@@ -349,23 +375,14 @@ class BrokerCore:
         self._check_topic_name(h.topic)
         if h.topic in NOT_ALLOWED_SEND_TOPICS:  # e.g. a forged SCHEDULE_TOPIC_XXXX record would jam its delay level
             return _error(ResponseCode.NO_PERMISSION, f"Sending message to topic[{h.topic}] is forbidden.")
-        if len(req.body) > self.max_message_size and not h.batch:
-            log.info("send to %s from %s: body of %d bytes exceeds maxMessageSize %d", h.topic, req.peer,
-                     len(req.body), self.max_message_size)
-            return _error(ResponseCode.MESSAGE_ILLEGAL, MESSAGE_ILLEGAL_REMARK)
-        config = self._topic_for_send(h)
-        if config is None:
-            return _error(ResponseCode.TOPIC_NOT_EXIST,
-                          f"topic[{h.topic}] not exist, apply first please!")
-        if not config.perm & PermName.WRITE:
-            return _error(ResponseCode.NO_PERMISSION, f"the topic[{h.topic}] sending message is forbidden")
-        queue_nums = max(config.read_queue_nums, config.write_queue_nums)
-        queue_id = h.queue_id
-        if queue_id < 0:
-            queue_id = random.randrange(max(config.write_queue_nums, 1))
-        elif queue_id >= queue_nums:
-            return _error(ResponseCode.SYSTEM_ERROR, f"request queueId[{queue_id}] is illegal, "
-                                                     f"{_topic_config_text(config)} Producer: {req.peer}")
+        if not h.batch:
+            refusal = self._too_big(h.topic, len(req.body), req.peer)
+            if refusal is not None:
+                return refusal
+        target = self._send_target(h.topic, h.default_topic, h.default_topic_queue_nums, h.queue_id, req.peer)
+        if isinstance(target, Reply):
+            return target
+        queue_id = target[1]
         topic, reconsume = h.topic, h.reconsume_times or 0
         if is_retry_topic(topic):
             group = consumer_group_of(topic) or ""
@@ -380,23 +397,19 @@ class BrokerCore:
                 if self.metadata.topics.get(topic) is None:
                     self.metadata.topics.create_topic_in_send_back(topic, 1)
                     self.on_topics_changed()
-        born = _peer_host(req.peer)
+        born = peer_host(req.peer)
         if h.batch:
             return self._send_batch(h, req.body, topic, queue_id, born)
         props = decode_properties(h.properties or "")
-        props.pop(PROPERTY_WAIT, None)
-        if PROPERTY_UNIQ_KEY not in props:
-            props[PROPERTY_UNIQ_KEY] = self._uniq.next()  # 5.x brokers do this: ids stay stable
-        props[PROPERTY_CLUSTER] = self.cluster_name
-        raw = encode_properties(props)
-        if len(raw.encode("utf-8")) > MAX_PROPERTIES_LENGTH:
+        raw = send_properties(props, self._uniq, self.cluster_name)
+        if properties_too_long(raw):
             log.info("send to %s from %s: properties of %d chars exceed %d bytes", h.topic, req.peer, len(raw),
                      MAX_PROPERTIES_LENGTH)
             return _error(ResponseCode.MESSAGE_ILLEGAL, MESSAGE_ILLEGAL_REMARK)
         rec = MessageRecord(topic=topic, body=req.body, properties_raw=raw, queue_id=queue_id, flag=h.flag,
                             sys_flag=h.sys_flag, born_timestamp=h.born_timestamp, born_host=born,
                             store_host=self.store_host, reconsume_times=reconsume)
-        return PreparedSend([rec], False, queue_id, props.get(PROPERTY_UNIQ_KEY))
+        return PreparedSend([rec], False, queue_id, props.get(PROPERTY_UNIQ_KEY), topic=topic)
 
     def _send_batch(self, h: SendMessageRequestHeader, body: bytes, topic: str, queue_id: int,
                     born: Host) -> Reply | PreparedSend:
@@ -426,7 +439,7 @@ class BrokerCore:
                                          flag=item.flag, sys_flag=h.sys_flag & ~(COMPRESSED_FLAG | COMPRESSION_TYPE_MASK),
                                          born_timestamp=h.born_timestamp, born_host=born,
                                          store_host=self.store_host, reconsume_times=h.reconsume_times or 0))
-        return PreparedSend(records, True, queue_id, None)
+        return PreparedSend(records, True, queue_id, None, topic=topic)
 
     def _send_reply(self, result: PutResult, queue_id: int, uniq_key: str | None) -> Reply:
         code = _PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
@@ -748,11 +761,3 @@ class BrokerCore:
 
 
 
-@functools.lru_cache(maxsize=4096)
-def _peer_host(peer: str) -> Host:
-    """Born host from the TCP peer; anything unparsable becomes 0.0.0.0:0 (never an error).
-    Cached: a producer sends many messages over one connection, and parsing costs microseconds."""
-    try:
-        return Host.parse(peer)
-    except (ValueError, TypeError):
-        return Host(bytes(4), 0)

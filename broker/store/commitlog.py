@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,17 @@ from broker.store.constants import (
 )
 from broker.store.findings import Finding
 from broker.store.message import BlankRecord, MessageRecord, RecordError, decode_record
+from broker.store.record_layout import (
+    POS_PHYSICAL_OFFSET,
+    POS_QUEUE_ID,
+    POS_QUEUE_OFFSET,
+    POS_SYS_FLAG,
+    store_timestamp_pos,
+)
 from broker.store.record_scan import is_record_start, scan_records
+
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +264,16 @@ class AppendResult:
     record: MessageRecord
 
 
+@dataclass(frozen=True, slots=True)
+class EncodedAppend:
+    """Where :meth:`CommitLogWriter.append_encoded` put a record, and its bytes as written."""
+
+    physical_offset: int
+    size: int
+    queue_offset: int
+    data: bytearray
+
+
 class CommitLogWriter:
     """Appends records like Apache's ``DefaultAppendMessageCallback``.
 
@@ -372,6 +393,36 @@ class CommitLogWriter:
         if len(self._pending) >= self._buffer_bytes:
             self._write_pending()
         return out
+
+    def append_encoded(self, data: bytes, topic: str, queue_id: int, store_timestamp: int) -> EncodedAppend:
+        """Append one record encoded elsewhere (a network process builds a plain send's record):
+        only the fields the store owns are written into it here — QUEUEID (the queue the store
+        chose), QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP — at the positions the record layout
+        gives, so the bytes are exactly what :meth:`append_batch` would have written for the same
+        record. The record must not carry a 5.2+ property CRC (that covers these fields)."""
+        size = len(data)
+        if size + END_FILE_MIN_BLANK_LENGTH > self.segment_size:
+            raise ValueError(f"{size} bytes of records cannot fit a {self.segment_size}-byte commitlog file")
+        if size + END_FILE_MIN_BLANK_LENGTH > self.segment_size - self._pos:
+            self._roll()
+        record = bytearray(data)
+        (sys_flag,) = _I32.unpack_from(record, POS_SYS_FLAG)
+        if is_queued(sys_flag):
+            key = (topic, queue_id)
+            queue_offset = self.queue_offsets.get(key, 0)
+            self.queue_offsets[key] = queue_offset + 1
+        else:
+            queue_offset = 0
+        physical_offset = self.write_offset
+        _I32.pack_into(record, POS_QUEUE_ID, queue_id)
+        _I64.pack_into(record, POS_QUEUE_OFFSET, queue_offset)
+        _I64.pack_into(record, POS_PHYSICAL_OFFSET, physical_offset)
+        _I64.pack_into(record, store_timestamp_pos(sys_flag), store_timestamp)
+        self._pending += record
+        self._pos += size
+        if len(self._pending) >= self._buffer_bytes:
+            self._write_pending()
+        return EncodedAppend(physical_offset, size, queue_offset, record)
 
     def flush(self, fsync: bool = False) -> None:
         if self._fd is not None:
