@@ -109,6 +109,12 @@ def normalise_ext(ext: Mapping[Any, Any] | None) -> dict[str, str]:
     result: dict[str, str] = {}
     if not ext:
         return result
+    if type(ext) is dict:  # nearly always already str → str (decoded JSON, our own replies): copy it
+        for key, value in ext.items():
+            if type(key) is not str or type(value) is not str:
+                break
+        else:
+            return dict(ext)
     for key, value in ext.items():
         text = ext_value_to_str(str(key), value)
         if text is not None:
