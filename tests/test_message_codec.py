@@ -188,3 +188,23 @@ def test_follow_reads_what_iter_records_reads(tmp_path):
     got = [r.physical_offset for r in broken.follow(starts[10], end)]
     assert got == [p for p in starts[10:] if p != victim.physical_offset]
     broken.close()
+
+
+def test_follow_reads_a_file_listed_before_it_was_sized(tmp_path):
+    """A listing taken in the instant between a commitlog file's creation and its pre-sizing says
+    the file is empty; the dispatcher must still read the records written there afterwards (it
+    once advanced past them: their queue units were missing until a restart re-dispatched)."""
+    import dataclasses
+
+    from broker.store.commitlog import CommitLogWriter
+
+    host = Host(bytes([127, 0, 0, 1]), 10911)
+    with CommitLogWriter(tmp_path, segment_size=8192) as writer:
+        for i in range(30):
+            writer.append(MessageRecord(topic="T", body=b"x" * 500, born_host=host, store_host=host), store_timestamp=1)
+        end = writer.write_offset
+    log_ = CommitLog.open(tmp_path, 8192)
+    expected = [r.physical_offset for r in log_.iter_records()]
+    log_.segments[-1] = dataclasses.replace(log_.segments[-1], size=0)  # as listed at its creation
+    assert [r.physical_offset for r in log_.follow(0, end)] == expected
+    log_.close()

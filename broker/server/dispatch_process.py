@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 
 SYNC_INTERVAL_S = 1.0
 IDLE_WAIT_S = 0.05
+# At least this long between two dispatch passes, as Apache's ReputMessageService sleeps 1 ms
+# between its passes: what is appended meanwhile is dispatched (and reported) together. Under a
+# moderate load a pass per append would cost this process, and the store process that reads its
+# reports, a wake-up per message on cores the senders need.
+PASS_INTERVAL_S = 0.001
 DELETE_TOPIC_TIMEOUT_S = 30.0
 DELETED = "topic-deleted"  # acknowledgement marker on the progress queue: (DELETED, token, error or None)
 
@@ -91,6 +96,7 @@ def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, 
                 report = [(t, q, nxt, registry.get(t, q).max_phy_end) for (t, q), nxt in grown.items()]
                 grown.clear()
                 out.put((report, dispatcher.last_store_timestamp, dispatcher.next_offset))
+                time.sleep(PASS_INTERVAL_S)
             if time.monotonic() - last_sync >= SYNC_INTERVAL_S:
                 dispatcher.sync()
                 last_sync = time.monotonic()

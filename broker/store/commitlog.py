@@ -69,6 +69,17 @@ class Segment:
             return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
 
 
+def _map_file(path: Path) -> mmap.mmap | bytes:
+    """Read-only map of a file at its current size (b"" when empty or gone)."""
+    try:
+        with open(path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size == 0:
+                return b""
+            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except FileNotFoundError:
+        return b""
+
+
 def list_segments(commitlog_dir: str | os.PathLike, segment_size: int | None = None,
                   findings: list[Finding] | None = None) -> list[Segment]:
     """The segment files in offset order. Files that are not 20-digit names are reported and
@@ -207,7 +218,11 @@ class CommitLog:
                     old = self._maps.pop(base)                         # a map would keep its disk space)
                     if isinstance(old, mmap.mmap):
                         old.close()
-                buf = self._maps[seg.base] = seg.open()
+                # mapped at the size the file has now, not the listing's: a file listed in the instant
+                # between its creation and its pre-sizing would read as empty, and its records be lost
+                buf = _map_file(seg.path)
+                if len(buf) >= self.segment_size:  # complete: keep it; a short one is mapped again next time
+                    self._maps[seg.base] = buf
             try:
                 rec = decode_record(buf, pos - seg.base, pos)
             except RecordError:
