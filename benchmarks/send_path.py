@@ -1,7 +1,7 @@
 """Broker send throughput and latency, next to the raw append speed of the same bytes, same run.
 
     .venv/bin/python benchmarks/send_path.py [--seconds 10] [--producers 4] [--threads 4] [--rate 5000]
-        [--rates 1000 5000 10000] [--raw-messages 100000] [--skip-cpp] [--root DIR]
+        [--rates 1000 5000 10000] [--raw-messages 100000] [--skip-cpp] [--skip-sync-flush] [--root DIR]
 
 (``make bench-broker``; a smoke run in seconds: ``--seconds 1 --producers 1 --threads 1
 --rates 500 --raw-messages 1000``.)
@@ -16,7 +16,8 @@ for 1 KiB messages:
    ``--rates`` msg/s (open loop) for p50/p99 at fixed offered rates;
 3. saturation: ``--producers`` processes × ``--threads`` threads of our Python Producer (sync sends);
 4. fixed rate: ``--rate`` msg/s spread over the producers;
-5. the C++ client (``rocketmq`` wheel) with the same number of producer processes.
+5. the C++ client (``rocketmq`` wheel) with the same number of producer processes;
+6. phase 2 again on a SYNC_FLUSH broker (``--skip-sync-flush`` leaves it out).
 
 After each phase, the CPU per acknowledged message of each broker process (store, dispatcher,
 network processes together) and of the load generator, from /proc.
@@ -370,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", type=float, nargs="*", default=[1000.0, 5000.0, 10000.0],
                     help="offered rates of the paced pipelined load, msg/s in total (default 1000 5000 10000)")
     ap.add_argument("--skip-cpp", action="store_true")
+    ap.add_argument("--skip-sync-flush", action="store_true", help="no SYNC_FLUSH phases at the end")
     ap.add_argument("--raw-messages", type=int, default=100_000,
                     help="records of the raw-append measurement (default 100000, at least 1000)")
     ap.add_argument("--root", type=Path, default=None,
@@ -414,11 +416,34 @@ def main(argv: list[str] | None = None) -> int:
                 print("  " + cpu.per_message(cpp))
             print(f"broker vs raw append: {max(sat['rate'], pipe['rate']) / recs:.1%} "
                   "(goal: >= 20,000 msg/s; p99 < 10 ms at 5,000 msg/s)")
+            broker.stop()
+            if not args.skip_sync_flush:
+                sync_flush_phases(tmp, ns_addr, args)
         finally:
             broker.stop()
             ns.terminate()
             ns.wait(10)
     return 0
+
+
+def sync_flush_phases(tmp: Path, ns_addr: str, args: argparse.Namespace) -> None:
+    """The pipelined and paced loads again on a SYNC_FLUSH broker: every acknowledgement waits for
+    its group's fsync (the figures the ASYNC_FLUSH goals are reported beside)."""
+    broker = start_broker(tmp / "store-sync", ns_addr, {"mappedFileSizeCommitLog": 1 << 30,
+                                                        "flushDiskType": "SYNC_FLUSH"})
+    try:
+        run_pipelined(broker.addr, 1, 1, 1, min(1.0, args.seconds))
+        with CpuMeter(broker.proc.pid) as cpu:
+            pipe = run_pipelined(broker.addr, 2, 4, 16, args.seconds)
+        print(line("SYNC_FLUSH pipelined: 2 x 4 x 16 in flight", pipe))
+        print("  " + cpu.per_message(pipe))
+        for rate in args.rates:
+            with CpuMeter(broker.proc.pid) as cpu:
+                paced = run_pipelined(broker.addr, 2, 4, 0, args.seconds, rate)
+            print(line(f"SYNC_FLUSH pipelined at {rate:,.0f} msg/s offered", paced))
+            print("  " + cpu.per_message(paced))
+    finally:
+        broker.stop()
 
 
 if __name__ == "__main__":

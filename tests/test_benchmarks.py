@@ -42,6 +42,7 @@ SMOKE: dict[str, Smoke] = {
                         rf"^pipelined load.*\s{NUM} msg/s\s+p50",
                         rf"^pipelined at 300 msg/s offered\s+{NUM} msg/s\s+p50",
                         r"^  cpu per message \(us\): store \d+, dispatch \d+, network \d+, load generator \d+; total \d+",
+                        rf"^SYNC_FLUSH pipelined at 300 msg/s offered\s+{NUM} msg/s\s+p50",
                         rf"^python producers 1x1 \(saturation\)\s+{NUM} msg/s",
                         rf"^python producers at 500 msg/s\s+{NUM} msg/s",
                         r"^broker vs raw append: [\d.]+%"), timeout=90),
