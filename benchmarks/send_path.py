@@ -393,16 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         ns, ns_addr = start_namesrv(tmp)
         broker = start_broker(tmp / "store", ns_addr, {"mappedFileSizeCommitLog": 1 << 30})
         try:
-            run_pipelined(broker.addr, 1, 1, 1, min(1.0, args.seconds))  # topic, routes and connections warm
-            with CpuMeter(broker.proc.pid) as cpu:
-                pipe = run_pipelined(broker.addr, 2, 4, 16, args.seconds)
-            print(line("pipelined load: 2 procs x 4 conns x 16 in flight", pipe))
-            print("  " + cpu.per_message(pipe))
-            for rate in args.rates:
-                with CpuMeter(broker.proc.pid) as cpu:
-                    paced = run_pipelined(broker.addr, 2, 4, 0, args.seconds, rate)
-                print(line(f"pipelined at {rate:,.0f} msg/s offered", paced))
-                print("  " + cpu.per_message(paced))
+            pipe = pipelined_phases(broker, args, "")
             with CpuMeter(broker.proc.pid) as cpu:
                 sat = run_python_producers(ns_addr, args.producers, args.threads, args.seconds)
             print(line(f"python producers {args.producers}x{args.threads} (saturation)", sat))
@@ -426,22 +417,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def pipelined_phases(broker, args: argparse.Namespace, label: str) -> dict:
+    """The pipelined load at saturation, then paced at each of ``args.rates``; returns the first."""
+    run_pipelined(broker.addr, 1, 1, 1, min(1.0, args.seconds))  # topic, routes and connections warm
+    with CpuMeter(broker.proc.pid) as cpu:
+        pipe = run_pipelined(broker.addr, 2, 4, 16, args.seconds)
+    print(line(f"{label}pipelined load: 2 procs x 4 conns x 16 in flight", pipe))
+    print("  " + cpu.per_message(pipe))
+    for rate in args.rates:
+        with CpuMeter(broker.proc.pid) as cpu:
+            paced = run_pipelined(broker.addr, 2, 4, 0, args.seconds, rate)
+        print(line(f"{label}pipelined at {rate:,.0f} msg/s offered", paced))
+        print("  " + cpu.per_message(paced))
+    return pipe
+
+
 def sync_flush_phases(tmp: Path, ns_addr: str, args: argparse.Namespace) -> None:
     """The pipelined and paced loads again on a SYNC_FLUSH broker: every acknowledgement waits for
     its group's fsync (the figures the ASYNC_FLUSH goals are reported beside)."""
     broker = start_broker(tmp / "store-sync", ns_addr, {"mappedFileSizeCommitLog": 1 << 30,
                                                         "flushDiskType": "SYNC_FLUSH"})
     try:
-        run_pipelined(broker.addr, 1, 1, 1, min(1.0, args.seconds))
-        with CpuMeter(broker.proc.pid) as cpu:
-            pipe = run_pipelined(broker.addr, 2, 4, 16, args.seconds)
-        print(line("SYNC_FLUSH pipelined: 2 x 4 x 16 in flight", pipe))
-        print("  " + cpu.per_message(pipe))
-        for rate in args.rates:
-            with CpuMeter(broker.proc.pid) as cpu:
-                paced = run_pipelined(broker.addr, 2, 4, 0, args.seconds, rate)
-            print(line(f"SYNC_FLUSH pipelined at {rate:,.0f} msg/s offered", paced))
-            print("  " + cpu.per_message(paced))
+        pipelined_phases(broker, args, "SYNC_FLUSH ")
     finally:
         broker.stop()
 
