@@ -522,6 +522,21 @@ def test_live_producer_connection(live):
         admin.producer_connection("PG_NONE", LIVE_TOPIC)
 
 
+def test_python_producer_is_listed_while_it_runs(live):
+    """Our Producer heartbeats a broker on first contact (and every 30 s) and unregisters on
+    shutdown, as Apache's client does: mqadmin producerConnection lists it only meanwhile."""
+    broker, _, admin, *_ = live
+    producer = Producer("PG_PY_LIVE", broker.namesrv).start()
+    try:
+        producer.send(Message(LIVE_TOPIC, b"hello"))
+        (c,) = admin.producer_connection("PG_PY_LIVE", LIVE_TOPIC).connection_set
+        assert (c.client_id, c.language) == (producer.client.client_id, "PYTHON")
+    finally:
+        producer.shutdown()
+    with pytest.raises(MQClientError, match=r"the producer group\[PG_PY_LIVE\] not exist"):
+        admin.producer_connection("PG_PY_LIVE", LIVE_TOPIC)
+
+
 def test_live_running_info_relayed_from_the_client(live):
     broker, consumer, admin, *_ = live
     info = admin.consumer_running_info(LIVE_GROUP, consumer.client.client_id)

@@ -17,7 +17,7 @@ from enum import Enum
 from typing import Callable, Sequence
 
 from broker.client.instance import ClientLifecycle, MQClientError, TopicRoute
-from broker.remoting.bodies import MessageQueue
+from broker.remoting.bodies import HeartbeatData, MessageQueue, ProducerData
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import SendMessageRequestHeader
@@ -95,6 +95,9 @@ class LatencyFaultTolerance:
             return until is None or until <= self._clock()
 
 
+HEARTBEAT_INTERVAL_S = 30.0  # MQClientInstance's heartbeatBrokerInterval
+
+
 class Producer(ClientLifecycle):
     """``Producer("group", "127.0.0.1:9876").start()`` then ``send``/``send_async``/``send_oneway``/``send_batch``."""
 
@@ -110,6 +113,55 @@ class Producer(ClientLifecycle):
         self._counter = itertools.count()
         self._uniq = UniqKeyGenerator()
         self._client = None
+        self._greeted: set[str] = set()  # brokers this producer has sent a heartbeat to
+        self._stop = threading.Event()
+
+    # ---- lifecycle: heartbeats ------------------------------------------------------------------------
+    def start(self) -> "Producer":
+        """Connect, and heartbeat every broker this producer talks to (on first contact, then every
+        30 s as Apache's client instance does): a broker only lists producers it has heard from
+        (mqadmin producerConnection), and a transaction check needs a live producer of the group."""
+        super().start()
+        self._stop.clear()
+        self._greeted = set()
+        threading.Thread(target=self._heartbeats, name="producer-heartbeat", daemon=True).start()
+        return self
+
+    def shutdown(self) -> None:
+        """Unregister from the brokers (UNREGISTER_CLIENT, as Apache's producer does), then close."""
+        self._stop.set()
+        if self._client is not None:
+            for addr in list(self._greeted):
+                try:
+                    self.client.invoke(addr, RemotingCommand.request(
+                        RequestCode.UNREGISTER_CLIENT, {"clientID": self.client.client_id,
+                                                        "producerGroup": self.group, "consumerGroup": ""}), 1.0)
+                except Exception as exc:
+                    log.debug("unregister from %s failed: %s", addr, exc)
+        super().shutdown()
+
+    def _heartbeats(self) -> None:
+        while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+            for addr in list(self._greeted):
+                self._heartbeat(addr)
+
+    def _heartbeat(self, addr: str) -> None:
+        data = HeartbeatData(self.client.client_id, producers=[ProducerData(self.group)])
+        try:
+            self.client.invoke(addr, RemotingCommand.request(RequestCode.HEART_BEAT, body=data.encode()),
+                               self.send_timeout)
+        except Exception as exc:  # the send itself will report a broker that is really gone
+            log.info("heartbeat to %s failed: %s", addr, exc)
+
+    def _broker(self, route: TopicRoute, mq: MessageQueue) -> str:
+        """The address of ``mq``'s broker, heartbeaten first if this is our first request to it."""
+        return self._greet(route.masters[mq.broker_name])
+
+    def _greet(self, addr: str) -> str:
+        if addr not in self._greeted:
+            self._greeted.add(addr)
+            self._heartbeat(addr)
+        return addr
 
     # ---- routing -------------------------------------------------------------------------------------
     def _route(self, topic: str) -> tuple[TopicRoute, bool]:
@@ -184,7 +236,7 @@ class Producer(ClientLifecycle):
             else:
                 uniq = self._uniq.next()
                 cmd = self._request(msg, mq, auto, props=msg.properties_with(uniq))
-            addr = route.masters[mq.broker_name]
+            addr = self._broker(route, mq)
             try:
                 resp = self.client.invoke(addr, cmd, self.send_timeout)
                 result = self._result(resp, mq, uniq)
@@ -224,6 +276,7 @@ class Producer(ClientLifecycle):
         addr = route.masters.get(mq.broker_name) if route is not None else None
         if addr is None:
             addr = self.client.broker_addr(mq.broker_name, msg.topic)
+        self._greet(addr)
         cmd = self._request(msg, mq, False, props=msg.properties_with(uniq))
         out: Future = Future()
 
@@ -263,7 +316,7 @@ class Producer(ClientLifecycle):
         mq = self.select_queue(route)
         cmd = self._request(msg, mq, auto, props=msg.properties_with(self._uniq.next()))
         cmd.mark_oneway()
-        self.client.invoke_oneway(route.masters[mq.broker_name], cmd)
+        self.client.invoke_oneway(self._broker(route, mq), cmd)
 
     def send_batch(self, messages: Sequence[Message]) -> SendResult:
         """One batch of messages of one topic, stored consecutively in one queue."""
