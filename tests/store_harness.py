@@ -22,8 +22,8 @@ from dataclasses import replace
 from typing import Callable
 
 from broker.server.dispatch_process import ExternalDispatcher
-from broker.server.message_store import MessageStore
-from broker.server.store_settings import StoreSettings
+from broker.engine.message_store import MessageStore
+from broker.engine.store_settings import StoreSettings
 
 DISPATCH_TIMEOUT_S = 30.0  # far beyond any test's dispatch: reaching it means the process is stuck or gone
 START_METHOD = "fork"

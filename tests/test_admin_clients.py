@@ -35,9 +35,9 @@ from broker.server.client_calls import (
     IpcClientCaller,
     call_client,
 )
-from broker.server.message_store import MessageStore
+from broker.engine.message_store import MessageStore
 from broker.server.metadata import BrokerMetadata
-from broker.server.store_settings import StoreSettings
+from broker.engine.store_settings import StoreSettings
 from broker.server.processors import BrokerCore, Reply, Request
 from broker.store.message_id import encode_offset_msg_id
 from broker.store.hosts import Host

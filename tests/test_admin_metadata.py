@@ -22,9 +22,9 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import RegisterBrokerRequestHeader, UpdateConsumerOffsetRequestHeader
 from broker.remoting.properties_body import parse_properties, properties_to_text
 from broker.remoting.transport import RemotingClient
-from broker.server.message_store import MessageStore, PutStatus
+from broker.engine.message_store import MessageStore, PutStatus
 from broker.server.metadata import BrokerMetadata
-from broker.server.store_settings import StoreSettings
+from broker.engine.store_settings import StoreSettings
 from broker.server.processors import BrokerCore, Request
 from broker.store.config_files import TopicConfig, TopicConfigTable, read_config_json
 from broker.store.constants import DELETED_TOPICS_FILE

@@ -19,7 +19,8 @@ from broker.remoting.bodies import (
 )
 from broker.remoting.codes import PullSysFlag, RequestCode, ResponseCode
 from broker.remoting.headers import SendMessageRequestHeader
-from broker.server import BrokerMetadata, StoreSettings
+from broker.engine import StoreSettings
+from broker.server import BrokerMetadata
 from broker.server.processors import BrokerCore, Request
 from broker.server.stats import (
     BROKER_PUT_NUMS,

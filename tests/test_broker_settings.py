@@ -64,7 +64,7 @@ from broker.remoting.codes import PullSysFlag, RequestCode, ResponseCode  # noqa
 from broker.remoting.command import RemotingCommand  # noqa: E402
 from broker.remoting.headers import PullMessageRequestHeader, SendMessageRequestHeader  # noqa: E402
 from broker.server.broker import store_settings  # noqa: E402
-from broker.server.message_store import MessageStore  # noqa: E402
+from broker.engine.message_store import MessageStore  # noqa: E402
 from broker.server.metadata import BrokerMetadata  # noqa: E402
 from broker.server.processors import BrokerCore, Request  # noqa: E402
 from broker.server.settings import RUNTIME_KEYS, SETTING_FIELDS, settings_dict, to_properties  # noqa: E402

@@ -516,7 +516,7 @@ def _queue_of(tmp_path: Path, units: int, per_file: int = 10) -> tuple[Path, int
 
 
 def test_deleted_middle_file_is_skipped_and_reported_not_dropped(tmp_path, caplog):
-    from broker.server.dispatch import ConsumeQueueView
+    from broker.engine.dispatch import ConsumeQueueView
 
     directory, size = _queue_of(tmp_path, 35)
     os.remove(directory / "00000000000000000200")  # units 10..19
@@ -536,7 +536,7 @@ def test_deleted_middle_file_is_skipped_and_reported_not_dropped(tmp_path, caplo
 
 
 def test_min_offset_rules(tmp_path):
-    from broker.server.dispatch import ConsumeQueueView
+    from broker.engine.dispatch import ConsumeQueueView
 
     directory, size = _queue_of(tmp_path, 25)
     commitlog_min = 1200  # units 0..11 point at records already deleted: the first file has none left

@@ -13,7 +13,8 @@ import pyarrow.compute as pc
 import pytest
 
 from broker.remoting.codes import PullSysFlag, RequestCode
-from broker.server import BrokerMetadata, MessageStore, StoreSettings
+from broker.engine import MessageStore, StoreSettings
+from broker.server import BrokerMetadata
 from broker.server.offsets import SubscriptionGroupManager
 from broker.server.processors import BrokerCore, Request
 from broker.store.config_files import ConsumerOffsetTable, SubscriptionGroupTable, TopicConfig, config_path

@@ -1,7 +1,7 @@
 """The store in the mode the broker runs it: a dispatcher process builds the queues and the index.
 
 Most store tests use the inline mode (dispatched with the put, so a pull right after a put finds it).
-The multiprocess broker runs :class:`~broker.server.dispatch.ExternalDispatch` with the dispatcher
+The multiprocess broker runs :class:`~broker.engine.dispatch.ExternalDispatch` with the dispatcher
 process of :mod:`broker.server.dispatch_process`; these tests drive that same pair in-process:
 puts become pullable and findable by key once the process reports progress, topic deletion goes
 through the process, and a restart recovers what the process wrote.
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.server import GetStatus, MessageStore, StoreSettings
-from broker.server.dispatch import ExternalDispatch, InlineDispatch
+from broker.engine import GetStatus, MessageStore, StoreSettings
+from broker.engine.dispatch import ExternalDispatch, InlineDispatch
 from broker.server.dispatch_process import ExternalDispatcher
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord

@@ -3,7 +3,7 @@ clean shutdown — every store written here must pass ``verify_store`` without f
 
 The stores run as the broker's store process runs them: external dispatch, with the dispatcher
 process (tests/store_harness.py), so a read that must see the puts before it waits for
-``caught_up``. The tests of the in-process :class:`~broker.server.dispatch.Dispatcher` itself (its
+``caught_up``. The tests of the in-process :class:`~broker.engine.dispatch.Dispatcher` itself (its
 fsync bookkeeping, its idempotent catch-up) open an inline store: that dispatcher writes only there.
 """
 
@@ -14,17 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.server import (
-    consumer_send_back,
-    ASYNC_FLUSH,
-    SYNC_FLUSH,
-    BrokerMetadata,
-    GetStatus,
-    MessageStore,
-    PutStatus,
-    ScheduleService,
-    StoreSettings,
-)
+from broker.engine import ASYNC_FLUSH, GetStatus, MessageStore, PutStatus, SYNC_FLUSH, StoreSettings
+from broker.server import BrokerMetadata, ScheduleService, consumer_send_back
 from broker.store.checkpoint import read_checkpoint
 from broker.store.config_files import (
     ConsumerOffsetTable,

@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from broker.server import BrokerMetadata, MessageStore, PutStatus, StoreSettings
+from broker.engine import MessageStore, PutStatus, StoreSettings
+from broker.server import BrokerMetadata
 from broker.store.config_files import ConsumerOffsetTable, DelayOffsetTable, TopicConfig, config_path
 from broker.store.constants import CONSUMER_OFFSET_FILE, DELAY_OFFSET_FILE, SUBSCRIPTION_GROUP_FILE, TOPICS_FILE
 from broker.store.message import MessageRecord

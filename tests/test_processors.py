@@ -35,7 +35,7 @@ from broker.server.metadata import BrokerMetadata
 from broker.server.processors import MESSAGE_ILLEGAL_REMARK, V3_4_9, BrokerCore, Request
 from broker.server.send_draft import SendDrafter
 from broker.store.hosts import Host
-from broker.server.store_settings import StoreSettings
+from broker.engine.store_settings import StoreSettings
 from broker.store.batch import BatchItem, encode_batch
 from broker.store.config_files import SubscriptionGroupConfig, TopicConfig, read_config_json
 from broker.store.constants import (

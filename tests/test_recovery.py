@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.server import MessageStore, RecoveryError, StoreSettings
+from broker.engine import MessageStore, RecoveryError, StoreSettings
 from broker.store.commitlog import CommitLogWriter, offset_to_file_name
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord
@@ -339,7 +339,7 @@ def test_store_of_another_geometry_is_refused(tmp_path):
 # ---- kill -9 of a process putting with SYNC_FLUSH ------------------------------------------------------------
 CHILD = r"""
 import sys
-from broker.server import MessageStore, RecoveryError, StoreSettings
+from broker.engine import MessageStore, RecoveryError, StoreSettings
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord
 from broker.store.properties import encode_properties

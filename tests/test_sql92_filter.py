@@ -18,7 +18,8 @@ from broker.remoting.bodies import (
     SubscriptionData,
 )
 from broker.remoting.codes import ExpressionType, PullSysFlag, RequestCode, ResponseCode
-from broker.server import BrokerMetadata, MessageStore, StoreSettings
+from broker.engine import MessageStore, StoreSettings
+from broker.server import BrokerMetadata
 from broker.server.filter.expressions import EvaluationError
 from broker.server.filter.java_values import JInt, JLong, parse_double
 from broker.server.filter.sql92 import SelectorError, compile_selector, parse, tokenize

@@ -23,9 +23,9 @@ import pytest
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.headers import SendMessageRequestHeader
 from broker.server.broker import store_settings
-from broker.server.message_store import MessageStore, PutResult, PutStatus
+from broker.engine.message_store import MessageStore, PutResult, PutStatus
 from broker.server.metadata import BrokerMetadata
-from broker.server.store_settings import StoreSettings
+from broker.engine.store_settings import StoreSettings
 from broker.store.constants import ASYNC_FLUSH, SYNC_FLUSH
 from broker.server.processors import BrokerCore, Request
 from broker.server.settings import BrokerSettings

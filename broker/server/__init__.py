@@ -1,20 +1,12 @@
-"""The broker's server side: storage engine, recovery, delayed delivery and metadata managers.
+"""The broker's server side: the request layer and the processes around the storage engine.
 
-``broker.store`` holds the byte-exact file formats; this package turns them into a running store
-(:class:`MessageStore`). The request layer (request processors, the metadata tables of
-:class:`BrokerMetadata`, long polling) wraps it.
+:mod:`broker.engine` is the running store; this package answers requests with it — the request
+processors (:class:`~broker.server.processors.BrokerCore`), the metadata tables
+(:class:`BrokerMetadata`: topics, groups, consumer and delay offsets), delayed delivery, retries
+and dead letters, statistics, clients — and runs it all as the broker's processes (store process,
+dispatcher process, network processes; :mod:`broker.server.broker`).
 """
 
-from broker.server.dispatch import ConsumeQueueView, Dispatcher
-from broker.server.message_store import (
-    GetResult,
-    GetStatus,
-    MessageStore,
-    PutResult,
-    PutStatus,
-    QueryResult,
-    StoreError,
-)
 from broker.server.metadata import BrokerMetadata
 from broker.server.offsets import (
     ConsumerOffsetManager,
@@ -22,16 +14,10 @@ from broker.server.offsets import (
     SubscriptionGroupManager,
     TopicConfigManager,
 )
-from broker.server.recovery import QueueTail, RecoveryError, RecoveryReport
 from broker.server.schedule import ScheduleService
 from broker.server.send_back import SendBackResult, consumer_send_back
-from broker.server.store_settings import StoreSettings
-from broker.store.constants import ASYNC_FLUSH, SYNC_FLUSH
 
 __all__ = [
-    "ASYNC_FLUSH", "SYNC_FLUSH", "BrokerMetadata", "ConsumeQueueView", "ConsumerOffsetManager",
-    "DelayOffsetManager", "Dispatcher",
-    "GetResult", "GetStatus", "MessageStore", "PutResult", "PutStatus", "QueryResult", "QueueTail",
-    "RecoveryError", "RecoveryReport", "ScheduleService", "SendBackResult", "StoreError", "StoreSettings", "consumer_send_back",
-    "SubscriptionGroupManager", "TopicConfigManager",
+    "BrokerMetadata", "ConsumerOffsetManager", "DelayOffsetManager", "ScheduleService", "SendBackResult",
+    "SubscriptionGroupManager", "TopicConfigManager", "consumer_send_back",
 ]

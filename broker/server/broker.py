@@ -8,15 +8,18 @@ Process layout (see the README's architecture section for the reasons):
 * **store process**: owns the store directory — CommitLog append and flush (group commit for
   SYNC_FLUSH), the schedule service, the request layer's metadata (topics, groups, consumer and
   delay offsets: :class:`~broker.server.metadata.BrokerMetadata`), the client registry, and
-  name-server registration (every 30 s and right after a topic is created).
+  name-server registration (every 30 s and right after a topic is created). It serves the network
+  processes over a Unix socket (:mod:`broker.server.ipc`) with
+  :class:`~broker.server.processors.BrokerCore`: sends on the link's I/O thread, in groups, the
+  other requests on a thread pool.
 * **dispatcher process** (started by the store process): builds ConsumeQueue and IndexFile from the
   CommitLog like Apache's ReputMessageService, and reports which queues grew
-  (:mod:`broker.server.dispatch_process`). It runs :class:`~broker.server.processors.BrokerCore` on a thread pool
-  and serves the network processes over a Unix socket (:mod:`broker.server.ipc`).
+  (:mod:`broker.server.dispatch_process`).
 * **network processes** (``requestProcesses``, default = cores): each accepts on the same TCP port
-  (SO_REUSEPORT), decodes frames and headers, forwards requests to the store process, encodes the
-  replies, parks long-polling pulls until their queue grows, and sends NOTIFY_CONSUMER_IDS_CHANGED
-  to its own connections.
+  (SO_REUSEPORT), decodes frames and headers, drafts plain sends (:mod:`broker.server.send_draft`:
+  their records are encoded here), forwards requests to the store process, encodes the replies,
+  parks long-polling pulls until their queue grows, and sends NOTIFY_CONSUMER_IDS_CHANGED to its
+  own connections.
 """
 
 from __future__ import annotations
@@ -40,10 +43,10 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import RegisterBrokerRequestHeader, UnRegisterBrokerRequestHeader
 from broker.remoting.transport import Connection, RemotingServer, SyncRemotingClient
 from broker.server.linux_process import set_process_name
-from broker.server.message_store import MessageStore
+from broker.engine.message_store import MessageStore
 from broker.server.metadata import BrokerMetadata
 from broker.server.offsets import TopicConfigManager
-from broker.server.store_settings import StoreSettings
+from broker.engine.store_settings import StoreSettings
 from broker.server.processors import SEND_CODES, BrokerCore, Reply, Request
 from broker.server.send_draft import SendDrafter
 from broker.server.schedule import ScheduleService

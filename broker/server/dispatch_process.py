@@ -22,10 +22,10 @@ import threading
 import time
 from pathlib import Path
 
-from broker.server.dispatch import Dispatcher, QueueRegistry
+from broker.engine.dispatch import Dispatcher, QueueRegistry
 from broker.server.linux_process import die_with_parent, set_process_name
-from broker.server.message_store import MessageStore
-from broker.server.store_settings import StoreSettings
+from broker.engine.message_store import MessageStore
+from broker.engine.store_settings import StoreSettings
 from broker.store.commitlog import CommitLog
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-from broker.server.message_store import MessageStore
+from broker.engine.message_store import MessageStore
 from broker.server.offsets import (
     ConsumerOffsetManager,
     DelayOffsetManager,
@@ -26,7 +26,7 @@ from broker.server.offsets import (
     TopicConfigManager,
     resolve_consumer_offset,
 )
-from broker.server.periodic import Periodic
+from broker.engine.periodic import Periodic
 
 log = logging.getLogger(__name__)
 

@@ -61,7 +61,7 @@ from broker.server.admin_stats import count_send_back, stats_handlers
 from broker.server.admin_metadata import metadata_handlers
 from broker.server.clients import ClientRegistry, Notify
 from broker.server.filter.consumer_filter import Refusal, check_client_config, pull_filter
-from broker.server.message_store import EncodedPut, GetStatus, MessageStore, PutResult, PutStatus
+from broker.engine.message_store import EncodedPut, GetStatus, MessageStore, PutResult, PutStatus
 from broker.server.metadata import BrokerMetadata
 from broker.server.send_back import consumer_send_back
 from broker.server.send_draft import (

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from broker.server.message_store import MessageStore
+from broker.engine.message_store import MessageStore
 from broker.server.offsets import DelayOffsetManager
 from broker.store.constants import PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC
 from broker.store.message import MessageRecord, RecordError

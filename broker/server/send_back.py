@@ -11,7 +11,7 @@ import logging
 import random
 from dataclasses import dataclass
 
-from broker.server.message_store import MessageStore, PutResult
+from broker.engine.message_store import MessageStore, PutResult
 from broker.server.metadata import BrokerMetadata
 from broker.store.constants import PROPERTY_DELAY, PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RETRY_TOPIC
 from broker.store.message import MessageRecord, RecordError

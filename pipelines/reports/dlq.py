@@ -1,7 +1,7 @@
 """Dead-letter-queue analysis: the ``dlq_messages`` and ``dlq_summary`` tables (issue 5).
 
 How a message reaches ``%DLQ%<group>`` (Apache 4.9.x ``consumerSendMsgBack``, our
-:meth:`broker.server.message_store.MessageStore.consumer_send_back`, store-format.md 3.9): every time
+:func:`broker.server.send_back.consumer_send_back`, store-format.md 3.9): every time
 a consumer fails it, the broker looks the consumed record up by commitlog offset and writes a NEW
 record with the same body, born timestamp/host, ``reconsumeTimes + 1``, ``RETRY_TOPIC`` (the original
 topic, kept once set) and ``ORIGIN_MESSAGE_ID`` (the original's offset message id, kept once set).

@@ -19,7 +19,7 @@ from typing import Any
 from broker.remoting.codes import MASTER_ID
 from broker.remoting.frame import DEFAULT_MAX_FRAME
 from broker.server.clients import DEFAULT_CHANNEL_EXPIRED_S
-from broker.server.store_settings import StoreSettings
+from broker.engine.store_settings import StoreSettings
 from broker.store.constants import FLUSH_DISK_TYPES
 from broker.store.delay import parse_delay_levels
 

@@ -1,10 +1,10 @@
 """The broker's storage engine: a thread-safe ``DefaultMessageStore`` (append, flush, read, query).
 
 Writes append to the commitlog with :class:`~broker.store.commitlog.CommitLogWriter`; the consume
-queues and the index are built by the :mod:`broker.server.dispatch` mode the store runs in (inline:
+queues and the index are built by the :mod:`broker.engine.dispatch` mode the store runs in (inline:
 same call, same lock; external: the dispatcher process). Reads serve pulls straight from the files
 with ``pread`` (CQ units, then record bytes exactly as stored, which is the PULL_MESSAGE body).
-Settings are :class:`~broker.server.store_settings.StoreSettings`; what to do with a message a consumer
+Settings are :class:`~broker.engine.store_settings.StoreSettings`; what to do with a message a consumer
 sends back is the request layer's (:mod:`broker.server.send_back`), and so are the topic, group
 and offset tables (:mod:`broker.server.metadata`): the store asks only whether a topic has a config
 (``set_topic_config_check``). Behaviour follows Apache
@@ -36,8 +36,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from broker.server import recovery
-from broker.server.dispatch import (
+from broker.engine import recovery
+from broker.engine.dispatch import (
     ConsumeQueueView,
     Dispatcher,
     DispatchMode,
@@ -45,9 +45,9 @@ from broker.server.dispatch import (
     InlineDispatch,
     QueueRegistry,
 )
-from broker.server.periodic import Periodic
+from broker.engine.periodic import Periodic
 from broker.store.checkpoint import Checkpoint, CheckpointError, checkpoint_path, read_checkpoint
-from broker.server.store_settings import StoreSettings
+from broker.engine.store_settings import StoreSettings
 from broker.store.clock import now_ms
 from broker.store.commitlog import AppendResult, CommitLogWriter, EncodedAppend, offset_to_file_name
 from broker.store.config_files import ConfigFileError, load_topic_fences, save_topic_fences
@@ -276,7 +276,7 @@ class MessageStore:
     def open(self) -> recovery.RecoveryReport:
         """Lock the store, recover (abnormally if ``abort`` exists), re-dispatch what the queues
         miss, rebuild the queue offset counters from the queues and create ``abort``. Returns the
-        :class:`~broker.server.recovery.RecoveryReport`. Nothing runs in the background until
+        :class:`~broker.engine.recovery.RecoveryReport`. Nothing runs in the background until
         :meth:`start_background`."""
         if self._open:
             raise StoreError(f"store {self.store_dir} is already open")

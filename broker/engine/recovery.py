@@ -6,7 +6,7 @@
 ``check_crc_on_recover``), stops at the first invalid one, zeroes the torn tail and deletes later
 files; then trims consume-queue units that point at or past the recovered end and rewinds an index
 that got ahead of it. :func:`redispatch` then feeds everything after the largest CQ-referenced offset
-through the store's :class:`~broker.server.dispatch.Dispatcher` (idempotent), which also covers
+through the store's :class:`~broker.engine.dispatch.Dispatcher` (idempotent), which also covers
 a broker that stopped between append and dispatch without crashing.
 
 Apache replays abnormal recoveries from the checkpoint's file; here the queues' own tails decide
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 
-from broker.server.dispatch import Dispatcher
-from broker.server.store_settings import StoreSettings
+from broker.engine.dispatch import Dispatcher
+from broker.engine.store_settings import StoreSettings
 from broker.store.checkpoint import CheckpointError, read_checkpoint
 from broker.store.commitlog import CommitLog, Segment, list_segments
 from broker.store.constants import (

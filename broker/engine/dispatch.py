@@ -20,7 +20,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from broker.server.store_settings import StoreSettings
+from broker.engine.store_settings import StoreSettings
 from broker.store.clock import now_ms
 from broker.store.commitlog import CommitLog, offset_to_file_name
 from broker.store.constants import CONSUME_QUEUE_DIR, CQ_STORE_UNIT_SIZE, is_indexed, is_queued
@@ -381,7 +381,7 @@ class InlineDispatch:
 class ExternalDispatch:
     """A dispatcher process writes the queues and the index (the multiprocess broker): this side
     hands its writers over after recovery, follows the process's progress (``next_offset``, moved by
-    :meth:`~broker.server.message_store.MessageStore.external_advance`), reads the index files as they
+    :meth:`~broker.engine.message_store.MessageStore.external_advance`), reads the index files as they
     are on disk, and sends topic deletions to the process through ``deleter``."""
 
     external = True

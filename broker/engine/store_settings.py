@@ -57,7 +57,7 @@ class StoreSettings:
     # True in the multiprocess broker: a separate dispatcher process builds the consume queues and
     # the index from the commitlog (Apache's ReputMessageService); puts only append and flush, and
     # the dispatcher's progress comes back through ``external_advance``. Which of the two
-    # :mod:`broker.server.dispatch` modes the store runs in.
+    # :mod:`broker.engine.dispatch` modes the store runs in.
     external_dispatch: bool = False
 
     def __post_init__(self) -> None:
