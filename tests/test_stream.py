@@ -365,8 +365,7 @@ class StreamJob:
         """SIGTERM to the Python driver (the JVM would only take the driver down with it): the job stops
         after the current micro-batch and exits 0."""
         driver = [pid for pid in _group_pids(self.proc.pid)
-                  if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"python")
-                  and b"stream_commitlog.py" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+                  if (cmd := _cmdline(pid)).split(b"\0")[0].endswith(b"python") and b"stream_commitlog.py" in cmd]
         assert len(driver) == 1, driver
         os.kill(driver[0], signal.SIGTERM)
         self.wait_line("the stop", lambda line: "stream: stopped after" in line)
@@ -377,6 +376,15 @@ class StreamJob:
             self.log.write(raw + b"\n")
         self.log.close()
         return rc
+
+
+def _cmdline(pid: int) -> bytes:
+    """A process's command line; b"" once it has exited (Spark's short-lived Python workers come and
+    go between listing the group and reading this: the flake seen in a clean-clone run)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
 
 
 def _group_pids(pgid: int) -> list[int]:
