@@ -526,15 +526,18 @@ def test_python_producer_is_listed_while_it_runs(live):
     """Our Producer heartbeats a broker on first contact (and every 30 s) and unregisters on
     shutdown, as Apache's client does: mqadmin producerConnection lists it only meanwhile."""
     broker, _, admin, *_ = live
+    topic = "LiveProducerTopic"  # not the module's topic: the other live tests count its messages
+    admin.create_topic(broker.addr, topic, queues=1)
+    assert admin.wait_routed(topic, ["broker-a"], 1, 1, 6)
     producer = Producer("PG_PY_LIVE", broker.namesrv).start()
     try:
-        producer.send(Message(LIVE_TOPIC, b"hello"))
-        (c,) = admin.producer_connection("PG_PY_LIVE", LIVE_TOPIC).connection_set
+        producer.send(Message(topic, b"hello"))
+        (c,) = admin.producer_connection("PG_PY_LIVE", topic).connection_set
         assert (c.client_id, c.language) == (producer.client.client_id, "PYTHON")
     finally:
         producer.shutdown()
     with pytest.raises(MQClientError, match=r"the producer group\[PG_PY_LIVE\] not exist"):
-        admin.producer_connection("PG_PY_LIVE", LIVE_TOPIC)
+        admin.producer_connection("PG_PY_LIVE", topic)
 
 
 def test_live_running_info_relayed_from_the_client(live):
