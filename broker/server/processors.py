@@ -314,9 +314,6 @@ class BrokerCore:
             return _error(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
 
     # ---- topics --------------------------------------------------------------------------------------
-    def _check_topic_name(self, topic: str) -> None:
-        check_topic_name(topic)
-
     def _topic_for_send(self, topic: str, default_topic: str | None,
                         default_queue_nums: int | None) -> TopicConfig | None:
         topics = self.metadata.topics
@@ -372,7 +369,7 @@ class BrokerCore:
     def _prepare_send(self, req: Request) -> Reply | PreparedSend:
         h = SendMessageRequestHeader.from_ext(req.ext, v2=req.code in (RequestCode.SEND_MESSAGE_V2,
                                                                         RequestCode.SEND_BATCH_MESSAGE))
-        self._check_topic_name(h.topic)
+        check_topic_name(h.topic)
         if h.topic in NOT_ALLOWED_SEND_TOPICS:  # e.g. a forged SCHEDULE_TOPIC_XXXX record would jam its delay level
             return _error(ResponseCode.NO_PERMISSION, f"Sending message to topic[{h.topic}] is forbidden.")
         if not h.batch:
@@ -523,7 +520,7 @@ class BrokerCore:
     # ---- offsets ---------------------------------------------------------------------------------------
     def query_consumer_offset(self, req: Request) -> Reply:
         h = QueryConsumerOffsetRequestHeader.from_ext(req.ext)
-        self._check_topic_name(h.topic)  # the min offset is read from the queue directory named after it
+        check_topic_name(h.topic)  # the min offset is read from the queue directory named after it
         offset = self.metadata.query_consumer_offset(h.consumer_group, h.topic, h.queue_id,
                                                      h.set_zero_if_not_found is not False)
         if offset is None:
@@ -538,22 +535,22 @@ class BrokerCore:
 
     def get_max_offset(self, req: Request) -> Reply:
         h = GetMaxOffsetRequestHeader.from_ext(req.ext)
-        self._check_topic_name(h.topic)  # the queue directory is named after it: no "../" reads
+        check_topic_name(h.topic)  # the queue directory is named after it: no "../" reads
         return Reply(ext={"offset": str(self.store.max_offset(h.topic, h.queue_id))})
 
     def get_min_offset(self, req: Request) -> Reply:
         h = GetMinOffsetRequestHeader.from_ext(req.ext)
-        self._check_topic_name(h.topic)
+        check_topic_name(h.topic)
         return Reply(ext={"offset": str(self.store.min_offset(h.topic, h.queue_id))})
 
     def get_earliest_msg_storetime(self, req: Request) -> Reply:
         h = GetEarliestMsgStoretimeRequestHeader.from_ext(req.ext)
-        self._check_topic_name(h.topic)
+        check_topic_name(h.topic)
         return Reply(ext={"timestamp": str(self.store.earliest_store_time(h.topic, h.queue_id))})
 
     def search_offset_by_timestamp(self, req: Request) -> Reply:
         h = SearchOffsetRequestHeader.from_ext(req.ext)
-        self._check_topic_name(h.topic)
+        check_topic_name(h.topic)
         boundary = (h.boundary_type or "lower").lower()
         return Reply(ext={"offset": str(self.store.search_offset_by_time(h.topic, h.queue_id, h.timestamp,
                                                                           boundary))})
@@ -669,7 +666,7 @@ class BrokerCore:
     # ---- admin -----------------------------------------------------------------------------------------
     def update_and_create_topic(self, req: Request) -> Reply:
         h = CreateTopicRequestHeader.from_ext(req.ext)
-        self._check_topic_name(h.topic)
+        check_topic_name(h.topic)
         for name, value in (("readQueueNums", h.read_queue_nums), ("writeQueueNums", h.write_queue_nums)):
             if not 0 <= value <= MAX_QUEUE_NUMS:
                 return _error(ResponseCode.INVALID_PARAMETER, f"{name} {value} is outside 0..{MAX_QUEUE_NUMS}")

@@ -63,10 +63,7 @@ class Segment:
 
     def open(self) -> mmap.mmap | bytes:
         """Read-only map of the file (empty files cannot be mapped: they read as b"")."""
-        if self.size == 0:
-            return b""
-        with open(self.path, "rb") as fh:
-            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        return b"" if self.size == 0 else _map_file(self.path)
 
 
 def _map_file(path: Path) -> mmap.mmap | bytes:
