@@ -221,6 +221,9 @@ def test_ext_helpers() -> None:
     (_hdr(b'{"code":"x1"}'), "'code' is not an integer"),
     (_hdr(b'{"code":1,"opaque":4294967296}'), "does not fit a 32-bit int"),
     (_hdr(b'{"code":1,"opaque":'), "does not parse"),
+    (_hdr(b'{"code":NaN}'), "NaN is not a JSON value"),
+    (_hdr(b'{"code":1,"extFields":{"k":Infinity}}'), "Infinity is not a JSON value"),
+    (_hdr(b'{"code":1,"opaque":-Infinity}'), "-Infinity is not a JSON value"),
     (_hdr(b'{"code":1,"extFields":3}'), "'extFields' is a int"),
     (_hdr(b'{"code":1,"remark":[1]}'), "'remark' is not a string"),
     (_hdr(b"[" * 100000 + b"]" * 100000), "JSON header"),
@@ -689,7 +692,8 @@ def test_fuzz_random_bytes(data: bytes, type_byte: int) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.text(max_size=8), st.one_of(st.text(max_size=8), st.integers(), st.booleans(),
-                                                        st.floats(allow_nan=False), st.none()), max_size=6))
+                                                        st.floats(allow_nan=False, allow_infinity=False), st.none()),
+                               max_size=6))
 def test_fuzz_header_json_values(ext: dict) -> None:
     header = json.dumps({"code": 1, "opaque": 1, "extFields": ext}).encode()
     cmd = RemotingCommand.decode(struct.pack(">i", len(header)) + header)

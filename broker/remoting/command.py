@@ -302,13 +302,19 @@ def _json_int(header: Mapping[str, Any], key: str, default: int | None) -> int:
     return result
 
 
+def _reject_constant(name: str) -> Any:
+    """``NaN``/``Infinity``/``-Infinity`` are not JSON (Python's parser accepts them; Java's clients never
+    write them), so a header holding one is malformed, not a number."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def _decode_json_header(raw: bytes) -> RemotingCommand:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"JSON header is not valid UTF-8 at byte {exc.start}") from None
     try:
-        header = json.loads(text)  # tolerates the C++ client's trailing newline
+        header = json.loads(text, parse_constant=_reject_constant)  # tolerates the C++ client's trailing newline
     except RecursionError:
         raise ProtocolError("JSON header nests too deeply") from None
     except ValueError as exc:  # JSONDecodeError, and int-too-long conversions
