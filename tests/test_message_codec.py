@@ -158,7 +158,7 @@ def test_with_position_copies_every_other_field(golden_log):
     assert len(dataclasses.fields(MessageRecord)) == 16  # with_position lists 16 fields in order
 
 
-def test_follow_reads_what_iter_records_reads(tmp_path):
+def test_follow_reads_what_iter_records_reads(tmp_path, caplog):
     """``CommitLog.follow`` (the dispatcher's reader: sequential, files kept mapped) gives the same
     records as the scanning ``iter_records`` for every range that starts on a record boundary,
     across file rolls, and hands a corrupt record over to the scan, which resumes after it."""
@@ -185,9 +185,13 @@ def test_follow_reads_what_iter_records_reads(tmp_path):
         fh.seek(victim.physical_offset - seg.base + 4)
         fh.write(b"\x00\x00\x00\x00")
     broken = CommitLog.open(tmp_path, 8192)
-    got = [r.physical_offset for r in broken.follow(starts[10], end)]
+    with caplog.at_level("WARNING", logger="broker.store.commitlog"):
+        got = [r.physical_offset for r in broken.follow(starts[10], end)]
     assert got == [p for p in starts[10:] if p != victim.physical_offset]
     broken.close()
+    said = [r.getMessage() for r in caplog.records if "fails its check" in r.getMessage()]
+    assert len(said) == 1 and f"commitlog offset {victim.physical_offset} " in said[0]
+    assert f"(file offset {victim.physical_offset - seg.base})" in said[0]
 
 
 def test_follow_reads_a_file_listed_before_it_was_sized(tmp_path):

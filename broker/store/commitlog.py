@@ -222,7 +222,9 @@ class CommitLog:
                     self._maps[seg.base] = buf
             try:
                 rec = decode_record(buf, pos - seg.base, pos)
-            except RecordError:
+            except RecordError as exc:  # never expected on a log this process's peers write: say so
+                log.warning("%s: record at commitlog offset %d (file offset %d) fails its check (%s); "
+                            "following from the next record that passes", seg.path, pos, pos - seg.base, exc)
                 yield from self.iter_records(pos, to_offset)
                 return
             if isinstance(rec, BlankRecord):  # the rest of this file is padding
