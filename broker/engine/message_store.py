@@ -361,11 +361,7 @@ class MessageStore:
         :class:`~broker.server.metadata.BrokerMetadata`) is persisted by its owner, before this."""
         if not self._open:
             return
-        for t in self._threads:
-            t.stop()
-        self._threads = []
-        with self._put_lock:
-            self._open = False  # no new puts; in-flight ones finished (we hold the lock)
+        self._stop_puts()
         self.flush()
         self._writer.close()
         logics = self._dispatcher.sync()
@@ -378,17 +374,22 @@ class MessageStore:
         self._lock = None
         log.info("closed store %s cleanly (commitlog end %d)", self.store_dir, self._committed_end)
 
+    def _stop_puts(self) -> None:
+        """The first step of both endings: the periodic threads stopped, and no new put (in-flight
+        ones have finished once we hold the put lock)."""
+        for t in self._threads:
+            t.stop()
+        self._threads = []
+        with self._put_lock:
+            self._open = False
+
     def abandon(self) -> None:
         """Let go of the store the way a killed process does: ``abort`` stays, no checkpoint. Every
         put already ``pwrite``-d its bytes, so the files are exactly what a ``kill -9`` at this point
         leaves (only fsync is skipped). For tests and fault injection."""
         if not self._open:
             return
-        for t in self._threads:
-            t.stop()
-        self._threads = []
-        with self._put_lock:
-            self._open = False
+        self._stop_puts()
         self._writer.close()
         self._dispatcher.close()
         self._segments.close()
