@@ -255,8 +255,13 @@ def cmd_broker_start(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    from broker.acl.errors import AclConfigError
+
     try:
         return run_broker(settings, str(store), logging.getLogger().level, args.config)
+    except AclConfigError as exc:  # aclEnable=true with a missing or broken ACL file
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FINDINGS

@@ -115,6 +115,13 @@ class BrokerSettings:
         "Apache closes a channel idle that long, which drops its clients the same way",
         runtime=True)
 
+    # ---- access control (BrokerConfig.aclEnable; Apache reads the file from ROCKETMQ_HOME/conf) ---------
+    acl_enable: bool = _s("aclEnable", False,
+                          "check every request against plain_acl.yml (Apache's plain ACL): signature, "
+                          "whitelists, topic/group permissions, admin-only requests")
+    acl_file_path: str = _s("aclFilePath", "", "the ACL file; relative to the config file's directory; "
+                            "empty: plain_acl.yml beside the config file", ours=True)
+
     def __post_init__(self) -> None:
         if self.flush_disk_type not in FLUSH_DISK_TYPES:
             raise SettingsError(f"flushDiskType must be one of {FLUSH_DISK_TYPES}, got {self.flush_disk_type!r}")
