@@ -5,13 +5,14 @@ Apache 4.9 runs the validator as an RPC hook before the request's processor; the
 throws becomes a SYSTEM_ERROR response whose remark is ``RemotingHelper.exceptionSimpleDesc`` (the
 exception and its first stack frame). A refused oneway request gets no answer.
 
-Reloading follows Apache's FileWatchService: the file's mtime and size are looked at, at most once a
-second, when a request is checked; a changed file is loaded anew, and one that fails to load leaves
+Reloading follows Apache's FileWatchService: the file's mtime and size are looked at about once a
+second (by :meth:`AclGate.watch`, and when a request is checked); a changed file is loaded anew, and one that fails to load leaves
 the last good rules in force (the error is logged once per change).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -75,6 +76,13 @@ class AclGate:
                 return
             log.info("ACL rules reloaded from %s: %d account(s), %d global whitelist pattern(s)", self.path,
                      len(self.rules.accounts), len(self.rules.global_white))
+
+    async def watch(self) -> None:
+        """Look at the file every POLL_INTERVAL_S (run as a task): a process that sees no request
+        still picks the new rules up, as Apache's watcher thread does."""
+        while True:
+            await asyncio.sleep(POLL_INTERVAL_S)
+            self.maybe_reload()
 
     def check(self, code: int, ext: Mapping[str, str], body: bytes | None, peer: str,
               version: int = 0) -> AclDenied | None:

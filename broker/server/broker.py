@@ -394,9 +394,12 @@ class NetworkFrontend:
         await self.link.connect()
         await self.server.start()
         ready.set()
+        acl_watch = asyncio.create_task(self.acl.watch()) if self.acl is not None else None
         closed = asyncio.create_task(self.link.closed.wait())
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait({closed, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if acl_watch is not None:
+            acl_watch.cancel()
         await self.server.stop()
         await self.link.close()
 
