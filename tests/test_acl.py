@@ -213,3 +213,64 @@ def test_file_edited_while_running(env):
         producer.send(Message(LATER, b"still allowed"))
         env.wait_stored(LATER, sends + 1)
     env.acl_file.write_text(ACL_YML)
+
+
+# =====================================================================================================
+# a short fuzz round with ACL on (the frame fuzzer of test_broker_fuzz, every request unsigned or forged)
+# =====================================================================================================
+FUZZ_SEED = 0xAC1
+FUZZ_CASES = 1200
+
+
+def forged_frame(rng, opaque: int) -> bytes:
+    """A request of (nearly) every code the broker serves — or a send to the topic the client account
+    may write — unsigned, with an unknown key, or signed for the client account with a guessed
+    secret / a random signature; then often mutated like test_broker_fuzz's cases."""
+    from tests.test_broker_fuzz import base_specs, complete, mutate, request, send_ext
+
+    specs = base_specs(f"acl{opaque}") + [(RequestCode.SEND_MESSAGE, send_ext(topic=TOPIC), b"forged to AclTopic")]
+    code, ext, body = rng.choice(specs)
+    ext = {k: str(v) for k, v in ext.items()}
+    how = rng.randrange(4)
+    if how == 1:
+        SessionCredentials("rl_stranger", "stranger-secret").sign_ext(ext, body)
+    elif how == 2:
+        SessionCredentials(CLIENT_AK, rng.choice(["client-secreT", "", "x" * 64, CLIENT_SK[:-1]]) or "g").sign_ext(
+            ext, body)
+    elif how == 3:
+        ext.update(AccessKey=CLIENT_AK, Signature=rng.choice(["", "AAAA", "N/YT7X6tJe5UfutmW+uNwTTJ7Fc=", "\x00"]))
+    frame = request(code, ext, body, opaque=opaque, binary=rng.random() < 0.3).encode()
+    return complete(mutate(rng, frame)) if rng.random() < 0.6 else frame
+
+
+def test_fuzz_with_acl_stores_nothing_and_keeps_serving(env):
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.test_broker_fuzz import Case, predict, run_case, structured
+
+    rng = random.Random(FUZZ_SEED)
+    cases = [Case(f"forged-{n}", forged_frame(rng, (1 << 20) + n)) for n in range(FUZZ_CASES)]
+    cases += [Case(f"structured-{n}", structured(rng, (1 << 21) + n)) for n in range(FUZZ_CASES // 4)]
+    expectations = [predict(case.data) for case in cases]
+    end_before = env.commitlog_end()
+    log_before = len(env.log_text())
+
+    def one(n: int) -> tuple[str, str]:
+        return run_case(env.broker.port, cases[n], expectations[n], 0x40000000 + n)
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(one, range(len(cases))))
+    answered = [codes for kind, codes in outcomes if kind == "answered"]
+    assert sum(1 for kind, _ in outcomes if kind == "closed") == sum(e.closes for e in expectations)
+    assert len(answered) > len(cases) // 3
+    # every answered request was refused by the ACL (SYSTEM_ERROR), the probes included
+    assert {code for codes in answered for code in codes.split(",") if code} == {str(int(ResponseCode.SYSTEM_ERROR))}
+    assert env.commitlog_end() == end_before, "a refused request reached the store"
+    denials = env.log_text()[log_before:].count("ACL refused ")
+    assert denials >= sum(len(e.answers) for e in expectations)
+    # and a signed client is still served
+    with Producer("PG_PY_ACL", env.namesrv, access_key=CLIENT_AK, secret_key=CLIENT_SK) as producer:
+        before = env.stored(TOPIC)
+        producer.send(Message(TOPIC, b"after the fuzz"))
+        env.wait_stored(TOPIC, before + 1)
