@@ -274,3 +274,57 @@ def test_fuzz_with_acl_stores_nothing_and_keeps_serving(env):
         before = env.stored(TOPIC)
         producer.send(Message(TOPIC, b"after the fuzz"))
         env.wait_stored(TOPIC, before + 1)
+
+
+# =====================================================================================================
+# the name server: admin requests need an admin account, routes stay open
+# =====================================================================================================
+def test_namesrv_admin_requests_need_an_admin_account(tmp_path):
+    import subprocess
+
+    from tests.broker_harness import REPO, ROCKETLAKE, free_port, wait_port
+
+    acl = tmp_path / "namesrv_acl.yml"
+    acl.write_text(ACL_YML)
+    port = free_port()
+    with open(tmp_path / "namesrv.log", "w") as log:
+        proc = subprocess.Popen([*ROCKETLAKE, "--log-level", "INFO", "namesrv", "start", "--listen",
+                                 f"127.0.0.1:{port}", "--acl-enable", "--acl-file", str(acl)], cwd=REPO, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_port(port, proc=proc)
+        addr = f"127.0.0.1:{port}"
+        put = {"namespace": "ORDER_TOPIC_CONFIG", "key": "AclTopic", "value": "broker-a:2"}
+
+        def call(code: int, ext: dict, creds: SessionCredentials | None) -> RemotingCommand:
+            with SyncRemotingClient(addr, before_request=creds.sign_request if creds else None) as client:
+                return client.invoke(RemotingCommand.request(code, ext), timeout=10)
+
+        resp = call(RequestCode.PUT_KV_CONFIG, put, None)
+        assert (resp.code, resp.remark) == (ResponseCode.SYSTEM_ERROR, (
+            f"{DENIED_PREFIX}No accessKey is configured, "
+            "org.apache.rocketmq.acl.plain.PlainPermissionManager.validate(PlainPermissionManager.java)"))
+        resp = call(RequestCode.PUT_KV_CONFIG, put, SessionCredentials(CLIENT_AK, CLIENT_SK))
+        assert resp.code == ResponseCode.SYSTEM_ERROR
+        assert resp.remark.startswith(f"{DENIED_PREFIX}Need admin permission for request code=100, but accessKey="
+                                      f"{CLIENT_AK} is not")
+        get = {"namespace": "ORDER_TOPIC_CONFIG", "key": "AclTopic"}
+        assert call(RequestCode.GET_KV_CONFIG, get, None).code == ResponseCode.QUERY_NOT_FOUND  # nothing was put
+        assert call(RequestCode.PUT_KV_CONFIG, put, SessionCredentials(ADMIN_AK, ADMIN_SK)).code == ResponseCode.SUCCESS
+        got = call(RequestCode.GET_KV_CONFIG, get, None)  # reads stay open
+        assert (got.code, got.ext_fields["value"]) == (ResponseCode.SUCCESS, "broker-a:2")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_namesrv_acl_needs_a_file(tmp_path, capsys):
+    from broker.cli import main
+
+    assert main(["namesrv", "start", "--listen", "127.0.0.1:0", "--acl-enable"]) == 2
+    assert capsys.readouterr().err == \
+        "error: --acl-enable needs --acl-file (the name server has no config file to find it beside)\n"
+    bad = tmp_path / "bad.yml"
+    bad.write_text("accounts:\n  - accessKey: short\n")
+    assert main(["namesrv", "start", "--listen", "127.0.0.1:0", "--acl-enable", "--acl-file", str(bad)]) == 2
+    assert capsys.readouterr().err == f"error: ACL file {bad}: accounts[0].secretKey is missing\n"
