@@ -328,3 +328,16 @@ def test_namesrv_acl_needs_a_file(tmp_path, capsys):
     bad.write_text("accounts:\n  - accessKey: short\n")
     assert main(["namesrv", "start", "--listen", "127.0.0.1:0", "--acl-enable", "--acl-file", str(bad)]) == 2
     assert capsys.readouterr().err == f"error: ACL file {bad}: accounts[0].secretKey is missing\n"
+
+
+def test_admin_cli_signs_with_its_keys(env, capsys):
+    from broker.cli import main
+
+    base = ["admin", "updateTopic", "-n", env.namesrv, "-b", env.broker.addr, "-t", "AclCliTopic", "-r", "1", "-w", "1"]
+    assert main([*base, "--access-key", CLIENT_AK, "--secret-key", CLIENT_SK]) == 1
+    err = capsys.readouterr().err
+    assert "Need admin permission for request code=17" in err and err.startswith("error: ")
+    assert main([*base, "--access-key", ADMIN_AK]) == 2
+    assert capsys.readouterr().err == "error: --access-key and --secret-key go together\n"
+    assert main([*base, "--access-key", ADMIN_AK, "--secret-key", ADMIN_SK]) == 0
+    assert len(env.admin.topic_stats(env.broker.addr, "AclCliTopic").offset_table) == 1
