@@ -16,7 +16,8 @@ Process layout (see the README's architecture section for the reasons):
   CommitLog like Apache's ReputMessageService, and reports which queues grew
   (:mod:`broker.server.dispatch_process`).
 * **network processes** (``requestProcesses``, default = cores): each accepts on the same TCP port
-  (SO_REUSEPORT), decodes frames and headers, drafts plain sends (:mod:`broker.server.send_draft`:
+  (SO_REUSEPORT), decodes frames and headers, refuses what the ACL refuses (:mod:`broker.acl`,
+  with ``aclEnable``) before anything is forwarded, drafts plain sends (:mod:`broker.server.send_draft`:
   their records are encoded here), forwards requests to the store process, encodes the replies,
   parks long-polling pulls until their queue grows, and sends NOTIFY_CONSUMER_IDS_CHANGED to its
   own connections.
