@@ -1,5 +1,5 @@
-"""Access control against a real broker started with ``aclEnable=true`` (plain_acl.yml beside its
-config file): Apache's C++ client with and without the right credentials, our Python client signed
+"""Access control against a real broker started with ``aclEnable=true`` (``conf/plain_acl.yml`` beside
+its config file): Apache's C++ client with and without the right credentials, our Python client signed
 and unsigned, admin-only requests, a refused request stores nothing, and the file edited live."""
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ class Env:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.ns, self.namesrv = start_namesrv(tmp)
-        self.acl_file = tmp / "plain_acl.yml"  # beside the broker's config file: the default place
+        self.acl_file = tmp / "conf" / "plain_acl.yml"  # the default: conf/ beside the broker's config file
+        self.acl_file.parent.mkdir()
         self.acl_file.write_text(ACL_YML)
         self.broker = start_broker(tmp / "store", self.namesrv, {"aclEnable": True})
         self.admin = Admin(self.namesrv, access_key=ADMIN_AK, secret_key=ADMIN_SK)

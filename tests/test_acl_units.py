@@ -188,12 +188,19 @@ def test_missing_file_and_empty_file(tmp_path):
 
 
 def test_acl_file_location(tmp_path):
-    cfg = tmp_path / "conf" / "broker.conf"
-    assert acl_file_location("", cfg) == tmp_path / "conf" / "plain_acl.yml"
-    assert acl_file_location("acl/mine.yml", cfg) == tmp_path / "conf" / "acl" / "mine.yml"
+    from broker.server.settings import BrokerSettings
+
+    cfg = tmp_path / "broker.conf"
+    default = BrokerSettings().acl_file_path
+    assert default == "conf/plain_acl.yml"
+    assert acl_file_location(default, cfg) == tmp_path / "conf" / "plain_acl.yml"
+    assert acl_file_location("acl/mine.yml", cfg) == tmp_path / "acl" / "mine.yml"
     assert acl_file_location(str(tmp_path / "x.yml"), None) == tmp_path / "x.yml"
-    with pytest.raises(AclConfigError, match="aclEnable=true needs aclFilePath when the broker is given no config"):
-        acl_file_location("", None)
+    with pytest.raises(AclConfigError, match="aclFilePath conf/plain_acl.yml is relative to the broker's config file, "
+                                             "and the broker was given none: give an absolute aclFilePath"):
+        acl_file_location(default, None)
+    with pytest.raises(AclConfigError, match="aclFilePath is empty"):
+        acl_file_location(" ", cfg)
 
 
 # ---- validation in Apache's order --------------------------------------------------------------------

@@ -194,7 +194,7 @@ def test_cli_needs_a_store_from_flag_or_file(tmp_path, capsys):
     cfg.write_text(APACHE_SAMPLE)
     assert main(["broker", "start", "-c", str(cfg)]) == 2
     assert capsys.readouterr().err == "error: no store directory: give --store or storePathRootDir in the config file\n"
-    cfg.write_text("aclEnable=true\n")  # no plain_acl.yml beside it: refused before anything is created
+    cfg.write_text("aclEnable=true\n")  # no conf/plain_acl.yml beside it: refused before anything is created
     assert main(["broker", "start", "-c", str(cfg), "--store", str(tmp_path / "s")]) == 2
-    assert capsys.readouterr().err == f"error: ACL file {tmp_path / 'plain_acl.yml'} does not exist\n"
+    assert capsys.readouterr().err == f"error: ACL file {tmp_path / 'conf' / 'plain_acl.yml'} does not exist\n"
     assert not (tmp_path / "s").exists()

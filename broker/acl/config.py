@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 
 GLOBAL_WHITE = "globalWhiteRemoteAddresses"
 ACCOUNTS = "accounts"
-DEFAULT_FILE_NAME = "plain_acl.yml"
+# aclFilePath's default: Apache reads ROCKETMQ_HOME/conf/plain_acl.yml; ours is relative to the broker's
+# config file's directory, which plays ROCKETMQ_HOME
+DEFAULT_ACL_FILE = "conf/plain_acl.yml"
 KEY_MIN_LENGTH = 7  # AclConstants: accessKey and secretKey must be longer than 6
 ACCOUNT_KEYS = ("accessKey", "secretKey", "whiteRemoteAddress", "admin", "defaultTopicPerm", "defaultGroupPerm",
                 "topicPerms", "groupPerms")
@@ -179,16 +181,18 @@ def load_rules(path: str | os.PathLike) -> AclRules:
 
 
 def acl_file_location(acl_file_path: str, config_path: str | os.PathLike | None) -> Path:
-    """Where the ACL file is: ``aclFilePath`` as given (relative to the config file's directory), or
-    ``plain_acl.yml`` beside the broker config file — as Apache's sits beside ``broker.conf`` in
-    ``ROCKETMQ_HOME/conf``. Without a config file the setting must be given."""
-    if acl_file_path.strip():
-        given = Path(acl_file_path.strip()).expanduser()
-        if given.is_absolute() or config_path is None:
-            return given.resolve()
-        return (Path(config_path).resolve().parent / given).resolve()
+    """Where the ACL file is: ``aclFilePath`` (default ``conf/plain_acl.yml``) resolved against the
+    directory of the broker's config file, as Apache resolves it against ``ROCKETMQ_HOME``. Without a
+    config file there is nothing to resolve a relative path against: it must be absolute."""
+    text = acl_file_path.strip()
+    if not text:
+        raise AclConfigError("aclFilePath is empty: it names the ACL file (default conf/plain_acl.yml, "
+                             "beside the broker's config file)")
+    given = Path(text).expanduser()
+    if given.is_absolute():
+        return given
     if config_path is None:
-        raise AclConfigError("aclEnable=true needs aclFilePath when the broker is given no config file "
-                             "(by default plain_acl.yml is looked for beside the config file)")
-    return Path(config_path).resolve().parent / DEFAULT_FILE_NAME
+        raise AclConfigError(f"aclEnable=true: aclFilePath {text} is relative to the broker's config file, and "
+                             f"the broker was given none: give an absolute aclFilePath")
+    return Path(config_path).resolve().parent / given
 
