@@ -248,11 +248,13 @@ def test_fuzz_with_acl_stores_nothing_and_keeps_serving(env):
     import random
     from concurrent.futures import ThreadPoolExecutor
 
-    from tests.test_broker_fuzz import Case, predict, run_case, structured
+    from tests.test_broker_fuzz import Case, complete, predict, run_case, structured
 
     rng = random.Random(FUZZ_SEED)
     cases = [Case(f"forged-{n}", forged_frame(rng, (1 << 20) + n)) for n in range(FUZZ_CASES)]
     cases += [Case(f"structured-{n}", structured(rng, (1 << 21) + n)) for n in range(FUZZ_CASES // 4)]
+    cases += [Case(f"random-{n}", complete(bytes(rng.randrange(256) for _ in range(rng.choice([3, 8, 64, 300])))))
+              for n in range(FUZZ_CASES // 10)]
     expectations = [predict(case.data) for case in cases]
     end_before = env.commitlog_end()
     log_before = len(env.log_text())
