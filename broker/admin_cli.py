@@ -19,7 +19,7 @@ import sys
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Callable
 
-from broker.cli import EXIT_FINDINGS, EXIT_OK, _cell, _positive
+from broker.cli import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, _cell, _positive
 from broker.remoting.codes import perm_to_string
 
 if TYPE_CHECKING:
@@ -479,7 +479,10 @@ def cmd_admin(args: argparse.Namespace) -> int:
     from broker.remoting.command import ProtocolError
     from broker.remoting.transport import RemotingError
 
-    admin = Admin(args.namesrv)
+    if (args.access_key is None) != (args.secret_key is None):
+        print("error: --access-key and --secret-key go together", file=sys.stderr)
+        return EXIT_USAGE
+    admin = Admin(args.namesrv, access_key=args.access_key, secret_key=args.secret_key)
     try:
         return args.admin_func(admin, args)
     except (MQClientError, ProtocolError, RemotingError, OSError, TimeoutError) as exc:
@@ -499,6 +502,10 @@ def add_admin_parser(sub: argparse._SubParsersAction) -> None:
     common.add_argument("-n", "--namesrvAddr", dest="namesrv", type=_namesrv_list, default=env_ns,
                         required=env_ns is None, metavar="NAMESRV",
                         help="name server address(es), host:port[;host:port] (default: $NAMESRV_ADDR)")
+    # mqadmin signs with conf/tools.yml's keys; here they are flags
+    common.add_argument("--access-key", default=None, metavar="AK",
+                        help="sign every request (ACL) as this account; with --secret-key")
+    common.add_argument("--secret-key", default=None, metavar="SK", help="the account's secret key")
 
     admin = sub.add_parser("admin", help="mqadmin's topic, group, offset, name server config, broker statistics "
                                           "and connected-client commands",

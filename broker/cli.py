@@ -223,8 +223,19 @@ def cmd_namesrv_start(args: argparse.Namespace) -> int:
     def ready(server) -> None:
         print(f"name server listening on {server.address}", file=sys.stderr, flush=True)
 
+    from broker.acl.errors import AclConfigError
+
+    if args.acl_enable and not args.acl_file:
+        print("error: --acl-enable needs --acl-file (the name server has no config file to find it beside)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    acl_file = str(args.acl_file.resolve()) if args.acl_enable else None
     try:
-        asyncio.run(serve_name_server(args.listen, broker_timeout_s=args.broker_timeout, on_ready=ready))
+        asyncio.run(serve_name_server(args.listen, broker_timeout_s=args.broker_timeout, on_ready=ready,
+                                      acl_file=acl_file))
+    except AclConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except OSError as exc:
         print(f"error: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return EXIT_FINDINGS
@@ -255,8 +266,13 @@ def cmd_broker_start(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    from broker.acl.errors import AclConfigError
+
     try:
         return run_broker(settings, str(store), logging.getLogger().level, args.config)
+    except AclConfigError as exc:  # aclEnable=true with a missing or broken ACL file
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FINDINGS
@@ -422,6 +438,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="host:port to listen on (default 127.0.0.1:9876; port 0 = any free port)")
     p.add_argument("--broker-timeout", type=_positive_seconds, default=120.0, metavar="SECONDS",
                    help="drop a broker silent for this long (default 120)")
+    p.add_argument("--acl-enable", action="store_true",
+                   help="admin requests (KV config, topic deletion, config update) need an admin account of the "
+                        "ACL file (Apache's plain_acl.yml); routes and registration stay open")
+    p.add_argument("--acl-file", type=Path, default=None, metavar="FILE", help="the ACL file (plain_acl.yml)")
     p.set_defaults(func=cmd_namesrv_start)
 
     broker = sub.add_parser("broker", help="run a RocketMQ-compatible broker",

@@ -83,7 +83,7 @@ def test_every_setting_is_declared_once_with_name_type_default_and_doc():
         assert f.type in ("int", "str", "bool"), key
     assert not set(SETTING_FIELDS) & set(APACHE_ONLY_KEYS)
     assert {k for k, f in SETTING_FIELDS.items() if f.metadata["ours"]} == {
-        "listenHost", "requestProcesses", "maxFrameLength"}
+        "listenHost", "requestProcesses", "maxFrameLength", "aclFilePath"}
     assert RUNTIME_KEYS == {"maxTransferCountOnMessageInMemory", "maxTransferBytesOnMessageInMemory",
                             "longPollingEnable", "shortPollingTimeMills", "clientChannelMaxIdleTimeSeconds"}
     d = settings_dict(BrokerSettings(request_processes=3))
@@ -116,8 +116,8 @@ def test_unknown_toml_key_suggests_the_near_miss(tmp_path):
     with pytest.raises(SettingsError, match=r"unknown broker setting 'longPolingEnable' \(did you mean "
                                             r"'longPollingEnable'\?\)"):
         load_settings(cfg)
-    cfg.write_text("aclEnable = true\n")
-    with pytest.raises(SettingsError, match="aclEnable=true: not supported by rocketlake: ACL"):
+    cfg.write_text("enableDLegerCommitLog = true\n")
+    with pytest.raises(SettingsError, match="enableDLegerCommitLog=true: not supported by rocketlake: DLedger"):
         load_settings(cfg)
 
 
@@ -318,7 +318,9 @@ def test_update_writes_into_apache_broker_conf(make_core, tmp_path):
 @pytest.mark.parametrize("text, code, remark", [
     ("listenPort=1234", ResponseCode.NO_PERMISSION, "listenPort can not be changed while the broker runs"),
     ("flushIntervalCommitLog=100", ResponseCode.NO_PERMISSION, "flushIntervalCommitLog can not be changed"),
-    ("aclEnable=true", ResponseCode.NO_PERMISSION, "aclEnable: not supported by rocketlake: ACL"),
+    ("aclEnable=true", ResponseCode.NO_PERMISSION, "aclEnable can not be changed while the broker runs"),
+    ("enableDLegerCommitLog=true", ResponseCode.NO_PERMISSION,
+     "enableDLegerCommitLog: not supported by rocketlake: DLedger"),
     ("maxTransferCountOnMesageInMemory=3", ResponseCode.SYSTEM_ERROR,
      "UPDATE_BROKER_CONFIG: unknown broker setting 'maxTransferCountOnMesageInMemory' (did you mean "
      "'maxTransferCountOnMessageInMemory'?)"),

@@ -11,7 +11,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from broker.client.instance import ClientInstance, MQClientError
+from broker.client.instance import ClientInstance, MQClientError, session_credentials
 from broker.remoting.bodies import (
     BrokerStatsData,
     ClusterInfo,
@@ -74,9 +74,11 @@ class BrokerConfig:
 
 
 class Admin:
-    def __init__(self, namesrv_addr: str, timeout: float = 5.0) -> None:
+    def __init__(self, namesrv_addr: str, timeout: float = 5.0, *, access_key: str | None = None,
+                 secret_key: str | None = None, security_token: str | None = None) -> None:
         self.namesrv_addr = namesrv_addr
-        self.client = ClientInstance(namesrv_addr, "ADMIN", timeout)
+        self.client = ClientInstance(namesrv_addr, "ADMIN", timeout,
+                                     session_credentials(access_key, secret_key, security_token))
 
     def close(self) -> None:
         self.client.close()

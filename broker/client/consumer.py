@@ -16,7 +16,7 @@ from typing import Callable
 
 from broker.client.broker_requests import register_broker_requests
 from broker.client.consume_stats import ConsumeStatsRecorder
-from broker.client.instance import ClientLifecycle, MQClientError
+from broker.client.instance import ClientLifecycle, MQClientError, session_credentials
 from broker.remoting.bodies import (
     CheckClientRequestBody,
     PROP_CLIENT_VERSION,
@@ -89,8 +89,11 @@ def _tags_filter(expression: str) -> set[str] | None:
 class PullConsumer(ClientLifecycle):
     """Pull with explicit offsets; offsets can be stored on the broker (``commit``/``committed``)."""
 
-    def __init__(self, group: str, namesrv_addr: str, *, timeout: float = 3.0, instance_name: str = "DEFAULT") -> None:
+    def __init__(self, group: str, namesrv_addr: str, *, timeout: float = 3.0, instance_name: str = "DEFAULT",
+                 access_key: str | None = None, secret_key: str | None = None,
+                 security_token: str | None = None) -> None:
         self.group = group
+        self.credentials = session_credentials(access_key, secret_key, security_token)
         self.namesrv_addr = namesrv_addr
         self.timeout = timeout
         self.instance_name = instance_name
@@ -198,8 +201,10 @@ class PushConsumer(PullConsumer):
     def __init__(self, group: str, namesrv_addr: str, listener: Callable[[MessageRecord], None], *,
                  topic: str, expression: str = "*", expression_type: str = ExpressionType.TAG,
                  consume_from: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
-                 timeout: float = 3.0, instance_name: str = "DEFAULT") -> None:
-        super().__init__(group, namesrv_addr, timeout=timeout, instance_name=instance_name)
+                 timeout: float = 3.0, instance_name: str = "DEFAULT", access_key: str | None = None,
+                 secret_key: str | None = None, security_token: str | None = None) -> None:
+        super().__init__(group, namesrv_addr, timeout=timeout, instance_name=instance_name, access_key=access_key,
+                         secret_key=secret_key, security_token=security_token)
         self.listener = listener
         self.topic = topic
         self.expression = expression

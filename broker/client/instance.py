@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
+from broker.acl.signature import SessionCredentials
 from broker.remoting.bodies import MessageQueue, TopicRouteData
 from broker.remoting.codes import PermName, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
@@ -67,7 +68,8 @@ def local_ip() -> str:
 class ClientInstance:
     """Event-loop thread + RemotingClient + name-server routes for one client object."""
 
-    def __init__(self, namesrv_addr: str, instance_name: str = "DEFAULT", timeout: float = 3.0) -> None:
+    def __init__(self, namesrv_addr: str, instance_name: str = "DEFAULT", timeout: float = 3.0,
+                 credentials: SessionCredentials | None = None) -> None:
         self.namesrv_addrs = [a.strip() for a in namesrv_addr.replace(",", ";").split(";") if a.strip()]
         if not self.namesrv_addrs:
             raise ValueError("a name server address (host:port) is required")
@@ -76,7 +78,9 @@ class ClientInstance:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rocketlake-client", daemon=True)
         self._thread.start()
-        self._remoting = RemotingClient(on_request=self._on_request)
+        # with credentials every request is signed as Apache's AclClientRPCHook signs it
+        self._remoting = RemotingClient(on_request=self._on_request,
+                                        before_request=credentials.sign_request if credentials else None)
         self._routes: dict[str, TopicRoute] = {}
         self._routes_lock = threading.Lock()
         self._ns_index = 0
@@ -162,16 +166,27 @@ class ClientInstance:
         self._thread.join(10)
 
 
+def session_credentials(access_key: str | None, secret_key: str | None,
+                        security_token: str | None = None) -> SessionCredentials | None:
+    """The ACL credentials a client was given (None: it sends unsigned requests); both keys or neither."""
+    if access_key is None and secret_key is None:
+        if security_token is not None:
+            raise ValueError("security_token needs access_key and secret_key")
+        return None
+    return SessionCredentials(access_key or "", secret_key or "", security_token)
+
+
 class ClientLifecycle:
     """start/shutdown/context-manager plumbing shared by the producer and the consumers."""
 
     namesrv_addr: str
     instance_name: str
     timeout: float
+    credentials: SessionCredentials | None = None
     _client: ClientInstance | None = None
 
     def start(self):
-        self._client = ClientInstance(self.namesrv_addr, self.instance_name, self.timeout)
+        self._client = ClientInstance(self.namesrv_addr, self.instance_name, self.timeout, self.credentials)
         return self
 
     def shutdown(self) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Sequence
 
-from broker.client.instance import ClientLifecycle, MQClientError, TopicRoute
+from broker.client.instance import ClientLifecycle, MQClientError, TopicRoute, session_credentials
 from broker.remoting.bodies import HeartbeatData, MessageQueue, ProducerData
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
@@ -102,8 +102,11 @@ class Producer(ClientLifecycle):
     """``Producer("group", "127.0.0.1:9876").start()`` then ``send``/``send_async``/``send_oneway``/``send_batch``."""
 
     def __init__(self, group: str, namesrv_addr: str, *, send_timeout: float = 3.0, retry_times: int = 2,
-                 max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, instance_name: str = "DEFAULT") -> None:
+                 max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, instance_name: str = "DEFAULT",
+                 access_key: str | None = None, secret_key: str | None = None,
+                 security_token: str | None = None) -> None:
         self.group = group
+        self.credentials = session_credentials(access_key, secret_key, security_token)
         self.namesrv_addr = namesrv_addr
         self.send_timeout = self.timeout = send_timeout
         self.retry_times = retry_times

@@ -11,6 +11,11 @@ The config requests speak Java properties text under Apache's ``NamesrvConfig``/
 names, for the settings this name server really has (see :data:`CONFIG_KEYS`); an update changes
 the runtime ones and refuses anything else as a whole, with a remark naming the keys.
 
+With an ACL file (``--acl-file``, :mod:`broker.acl`) the admin requests — PUT_KV_CONFIG,
+DELETE_KV_CONFIG, DELETE_TOPIC_IN_NAMESRV, UPDATE_NAMESRV_CONFIG — must come signed from an admin
+account (or a whitelisted host); the rest stay open, so brokers register and clients look up routes
+without credentials, as with Apache 4.9's name server, which has no ACL at all.
+
 Like Java, a broker's routes vanish when its registration connection closes or after
 ``broker_timeout_s`` without a registration (scanned every ``scan_interval_s``). Nothing is
 persisted: brokers re-register every 30 s, so a restarted name server is complete again quickly.
@@ -25,6 +30,8 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 
+from broker.acl.gate import DENIED_CODE, AclGate
+from broker.acl.permission import NAMESRV_ADMIN_CODES
 from broker.namesrv.route_table import DEFAULT_BROKER_TIMEOUT_S, RouteTable
 from broker.remoting.bodies import (
     BodyError,
@@ -81,7 +88,7 @@ class NameServer:
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
                  broker_timeout_s: float = DEFAULT_BROKER_TIMEOUT_S, scan_interval_s: float = DEFAULT_SCAN_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic, reuse_port: bool = False,
-                 max_frame: int = DEFAULT_MAX_FRAME) -> None:
+                 max_frame: int = DEFAULT_MAX_FRAME, acl_file: str | None = None) -> None:
         if broker_timeout_s <= 0 or scan_interval_s <= 0:
             raise ValueError("broker_timeout_s and scan_interval_s must be > 0")
         self.routes = RouteTable(broker_timeout_s=broker_timeout_s, clock=clock)
@@ -91,6 +98,9 @@ class NameServer:
         self.server = RemotingServer(host, port, self.process, name="namesrv", reuse_port=reuse_port,
                                      max_frame=max_frame)
         self._scanner: asyncio.Task[None] | None = None
+        # a missing or broken file raises AclConfigError here, before anything listens
+        self.acl = AclGate(acl_file, NAMESRV_ADMIN_CODES) if acl_file else None
+        self._acl_watch: asyncio.Task[None] | None = None
         self._handlers: dict[int, Handler] = {
             RequestCode.PUT_KV_CONFIG: self._put_kv_config,
             RequestCode.GET_KV_CONFIG: self._get_kv_config,
@@ -113,6 +123,8 @@ class NameServer:
         await self.server.start()
         if self._scanner is None:
             self._scanner = asyncio.ensure_future(self._scan_loop())
+        if self.acl is not None and self._acl_watch is None:
+            self._acl_watch = asyncio.ensure_future(self.acl.watch())
 
     async def stop(self) -> None:
         if self._scanner is not None:
@@ -120,6 +132,11 @@ class NameServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._scanner
             self._scanner = None
+        if self._acl_watch is not None:
+            self._acl_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._acl_watch
+            self._acl_watch = None
         await self.server.stop()
 
     @property
@@ -158,6 +175,10 @@ class NameServer:
         handler = self._handlers.get(cmd.code)
         if handler is None:
             raise UnsupportedRequest(cmd.code)
+        if self.acl is not None and cmd.code in NAMESRV_ADMIN_CODES:
+            denied = self.acl.check(cmd.code, cmd.ext_fields, cmd.body, conn.peer, int(cmd.version or 0))
+            if denied is not None:
+                return None if cmd.is_oneway else cmd.response(DENIED_CODE, remark=denied.remark)
         return handler(cmd, conn)
 
     def _on_connection_closed(self, conn: Connection) -> None:
@@ -329,7 +350,7 @@ class NameServer:
 async def serve_name_server(listen: str, *, broker_timeout_s: float = DEFAULT_BROKER_TIMEOUT_S,
                             scan_interval_s: float = DEFAULT_SCAN_INTERVAL_S, reuse_port: bool = False,
                             on_ready: Callable[[NameServer], object] | None = None,
-                            stop: asyncio.Event | None = None) -> None:
+                            stop: asyncio.Event | None = None, acl_file: str | None = None) -> None:
     """Run a name server on ``listen`` ("host:port") until ``stop`` is set or SIGINT/SIGTERM."""
     host, port = parse_address(listen)
     stop = stop or asyncio.Event()
@@ -340,7 +361,7 @@ async def serve_name_server(listen: str, *, broker_timeout_s: float = DEFAULT_BR
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
     server = NameServer(host, port, broker_timeout_s=broker_timeout_s, scan_interval_s=scan_interval_s,
-                        reuse_port=reuse_port)
+                        reuse_port=reuse_port, acl_file=acl_file)
     try:
         await server.start()
         log.info("name server listening on %s (broker timeout %gs)", server.address, broker_timeout_s)

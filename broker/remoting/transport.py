@@ -445,13 +445,15 @@ class RemotingClient:
     """Request/response client with one lazily (re)opened connection per address.
 
     ``on_request(cmd, conn)`` serves requests the server sends us (None ⇒ REQUEST_CODE_NOT_SUPPORTED,
-    and nothing for oneway ones).
+    and nothing for oneway ones). ``before_request(cmd)`` runs on every request we send, just before
+    it goes out (Java's ``RPCHook.doBeforeRequest``: ACL signing, :mod:`broker.acl.signature`).
     """
 
     def __init__(self, addr: str | None = None, *, on_request: Processor | None = None,
                  max_frame: int = DEFAULT_MAX_FRAME, connect_timeout: float = DEFAULT_TIMEOUT_S,
-                 name: str = "client") -> None:
+                 name: str = "client", before_request: Callable[[RemotingCommand], None] | None = None) -> None:
         self.default_addr = addr
+        self.before_request = before_request
         self.on_request = on_request
         self.max_frame = max_frame
         self.connect_timeout = connect_timeout
@@ -504,10 +506,14 @@ class RemotingClient:
                      addr: str | None = None) -> RemotingCommand:
         """Send a request and return the response (RemotingTimeout / ConnectionClosed on failure)."""
         conn = await self._connection(self._resolve(addr))
+        if self.before_request is not None:
+            self.before_request(cmd)
         return await conn.send_request(cmd, timeout)
 
     async def invoke_oneway(self, cmd: RemotingCommand, *, addr: str | None = None) -> None:
         conn = await self._connection(self._resolve(addr))
+        if self.before_request is not None:
+            self.before_request(cmd)
         await conn.send_oneway(cmd)
 
     async def close(self) -> None:

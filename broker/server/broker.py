@@ -16,7 +16,8 @@ Process layout (see the README's architecture section for the reasons):
   CommitLog like Apache's ReputMessageService, and reports which queues grew
   (:mod:`broker.server.dispatch_process`).
 * **network processes** (``requestProcesses``, default = cores): each accepts on the same TCP port
-  (SO_REUSEPORT), decodes frames and headers, drafts plain sends (:mod:`broker.server.send_draft`:
+  (SO_REUSEPORT), decodes frames and headers, refuses what the ACL refuses (:mod:`broker.acl`,
+  with ``aclEnable``) before anything is forwarded, drafts plain sends (:mod:`broker.server.send_draft`:
   their records are encoded here), forwards requests to the store process, encodes the replies,
   parks long-polling pulls until their queue grows, and sends NOTIFY_CONSUMER_IDS_CHANGED to its
   own connections.
@@ -37,6 +38,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.acl.config import acl_file_location, load_rules
+from broker.acl.gate import DENIED_CODE, AclGate
 from broker.remoting.bodies import RegisterBrokerBody
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
@@ -252,9 +255,11 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
 class NetworkFrontend:
     """One network process: TCP ↔ frames ↔ store process, plus long polling."""
 
-    def __init__(self, settings: BrokerSettings, socket_path: str) -> None:
+    def __init__(self, settings: BrokerSettings, socket_path: str, acl_path: str | None = None) -> None:
         self.settings = settings
         self.socket_path = socket_path
+        # checked here, before a request is forwarded: a refused one never reaches the store process
+        self.acl = AclGate(acl_path) if acl_path else None
         self.pid = os.getpid()
         self._conn_ids: dict[int, Connection] = {}
         self._next_conn = 0
@@ -339,7 +344,14 @@ class NetworkFrontend:
                 if not self._waiters[(topic, qid)]:
                     del self._waiters[(topic, qid)]
 
+    def _refused(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        """Apache's answer to a request the ACL refuses (None: it may pass)."""
+        denied = self.acl.check(cmd.code, cmd.ext_fields, cmd.body, conn.peer, int(cmd.version or 0))
+        return None if denied is None else cmd.response(DENIED_CODE, denied.remark)
+
     async def process(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        if self.acl is not None and (refusal := self._refused(cmd, conn)) is not None:
+            return None if cmd.is_oneway else refusal
         req = Request(code=cmd.code, ext=dict(cmd.ext_fields), body=cmd.body, channel=self._channel(conn),
                       peer=conn.peer, language=str(cmd.language), version=int(cmd.version or 0))
         try:
@@ -360,6 +372,9 @@ class NetworkFrontend:
         connection (they never park, and they are most of a busy broker's requests)."""
         if cmd.code not in SEND_CODES:
             return False
+        if self.acl is not None and (refusal := self._refused(cmd, conn)) is not None:
+            conn.answer(cmd, refusal)  # the transport gives this path requests that want an answer only
+            return True
         channel = self._channel(conn)
         req = self.drafter.draft(cmd.code, cmd.ext_fields, cmd.body, conn.peer, channel) or \
             Request(code=cmd.code, ext=dict(cmd.ext_fields), body=cmd.body, channel=channel, peer=conn.peer,
@@ -380,14 +395,18 @@ class NetworkFrontend:
         await self.link.connect()
         await self.server.start()
         ready.set()
+        acl_watch = asyncio.create_task(self.acl.watch()) if self.acl is not None else None
         closed = asyncio.create_task(self.link.closed.wait())
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait({closed, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if acl_watch is not None:
+            acl_watch.cancel()
         await self.server.stop()
         await self.link.close()
 
 
-def network_process_main(settings: BrokerSettings, socket_path: str, ready, log_level: int, index: int = 0) -> None:
+def network_process_main(settings: BrokerSettings, socket_path: str, ready, log_level: int, index: int = 0,
+                         acl_path: str | None = None) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     set_process_name(f"rl-net-{index}")
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [net] %(name)s: %(message)s")
@@ -397,7 +416,7 @@ def network_process_main(settings: BrokerSettings, socket_path: str, ready, log_
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await NetworkFrontend(settings, socket_path).run(ready, stop)
+        await NetworkFrontend(settings, socket_path, acl_path).run(ready, stop)
 
     asyncio.run(main())
 
@@ -421,6 +440,11 @@ class Broker:
         # UPDATE_BROKER_CONFIG writes runtime changes back here (absolute: the store process may chdir)
         self.config_path = str(Path(config_path).resolve()) if config_path is not None else None
         self.store_dir = str(Path(store_dir).resolve())
+        # the ACL file is found and checked now: a missing or broken one stops the start with its error
+        self.acl_path: str | None = None
+        if settings.acl_enable:
+            self.acl_path = str(acl_file_location(settings.acl_file_path, self.config_path))
+            load_rules(self.acl_path)
         self.log_level = log_level
         self.procs: BrokerProcesses | None = None
         self._ctx = mp.get_context("spawn")
@@ -439,7 +463,7 @@ class Broker:
         for i in range(self.settings.request_processes):
             net_ready = self._ctx.Event()
             proc = self._ctx.Process(target=network_process_main, name=f"rocketlake-net-{i}",
-                                     args=(self.settings, socket_path, net_ready, self.log_level, i))
+                                     args=(self.settings, socket_path, net_ready, self.log_level, i, self.acl_path))
             proc.start()
             self.procs.network.append(proc)
             self._wait(net_ready, proc, f"network process {i}")

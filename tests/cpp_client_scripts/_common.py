@@ -44,6 +44,19 @@ def delivery(msg, prop_names: list[str]) -> dict:
     }
 
 
+def add_credential_args(parser) -> None:
+    """``--access-key``/``--secret-key``: sign every request (ACL), as ``set_session_credentials`` does."""
+    parser.add_argument("--access-key", default=None)
+    parser.add_argument("--secret-key", default=None)
+
+
+def set_credentials(client, args) -> None:
+    """Credentials from :func:`add_credential_args` onto a producer or consumer (channel "": the
+    client's default, which it sends as OnsChannel)."""
+    if args.access_key is not None:
+        client.set_session_credentials(args.access_key, args.secret_key or "", "")
+
+
 def emit(result: dict) -> None:
     sys.stdout.write("\n" + json.dumps(result, ensure_ascii=True) + "\n")
     sys.stdout.flush()

@@ -1,4 +1,4 @@
-"""Send messages with the C++ client: ``produce.py NAMESRV GROUP SPEC.json``.
+"""Send messages with the C++ client: ``produce.py NAMESRV GROUP SPEC.json [--access-key AK --secret-key SK]``.
 
 SPEC: {"topic": str, "messages": [{"seq", "mode": sync|async|oneway|orderly|batch, "keys"?, "tags"?,
 "props": {name: value}, "body": str, "arg"? (orderly), "batch"? (batch id: consecutive messages with
@@ -10,6 +10,7 @@ until every one has called back before it shuts the producer down; one that neve
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -18,7 +19,7 @@ import time
 
 from rocketmq.client import Message, Producer
 
-from _common import emit
+from _common import add_credential_args, emit, set_credentials
 
 ASYNC_WAIT = 60.0
 
@@ -84,12 +85,19 @@ def build(topic: str, spec: dict) -> Message:
 
 
 def main() -> int:
-    namesrv, group, spec_path = sys.argv[1:4]
-    spec = json.loads(open(spec_path, encoding="utf-8").read())
+    p = argparse.ArgumentParser()
+    p.add_argument("namesrv")
+    p.add_argument("group")
+    p.add_argument("spec")
+    add_credential_args(p)
+    a = p.parse_args()
+    namesrv, group = a.namesrv, a.group
+    spec = json.loads(open(a.spec, encoding="utf-8").read())
     topic = spec["topic"]
     # the client's own default limit is 128 KiB; the broker's (maxMessageSize) is 4 MiB
     producer = Producer(group, timeout=10_000, max_message_size=4 * 1024 * 1024)
     producer.set_namesrv_addr(namesrv)
+    set_credentials(producer, a)
     producer.start()
     results, errors = [], []
     in_flight = AsyncSends()

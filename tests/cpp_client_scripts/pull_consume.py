@@ -1,5 +1,6 @@
 """Pull every message of a topic with the C++ PullConsumer (it pulls queue by queue from offset 0,
-keeping offsets in memory): ``pull_consume.py NAMESRV GROUP TOPIC EXPRESSION --unique N --props a,b``.
+keeping offsets in memory): ``pull_consume.py NAMESRV GROUP TOPIC EXPRESSION --unique N --props a,b``
+(``--access-key AK --secret-key SK`` to sign).
 Repeats ``pull`` until ``N`` distinct ``seq`` values were seen or the timeout passes.
 """
 
@@ -12,7 +13,7 @@ import time
 
 from rocketmq.client import PullConsumer
 
-from _common import delivery, emit
+from _common import add_credential_args, delivery, emit, set_credentials
 
 
 def main() -> int:
@@ -24,10 +25,12 @@ def main() -> int:
     p.add_argument("--unique", type=int, required=True)
     p.add_argument("--props", default="seq")
     p.add_argument("--timeout", type=float, default=60.0)
+    add_credential_args(p)
     a = p.parse_args()
     names = [n for n in a.props.split(",") if n]
     consumer = PullConsumer(a.group)
     consumer.set_namesrv_addr(a.namesrv)
+    set_credentials(consumer, a)
     consumer.start()
     deliveries, seqs, rounds = [], set(), 0
     deadline = time.time() + a.timeout

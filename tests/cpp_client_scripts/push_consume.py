@@ -2,7 +2,7 @@
 (to catch extra deliveries) and shut down (which commits the offsets).
 
 ``push_consume.py NAMESRV GROUP TOPIC EXPRESSION --unique N --total N --props a,b,c [--fail]
-[--timeout S] [--settle S] [--orderly] [--threads N]``: stops once ``N`` distinct values of property ``seq`` and
+[--timeout S] [--settle S] [--orderly] [--threads N] [--access-key AK --secret-key SK]``: stops once ``N`` distinct values of property ``seq`` and
 ``total`` deliveries were seen (or at the timeout). ``--fail`` answers RECONSUME_LATER for every
 message (status 1 returned from the raw callback: a raising Python callback leaves the C return value
 to chance). Prints {"deliveries": [...], "complete": bool, ...}.
@@ -20,7 +20,7 @@ from rocketmq.client import PushConsumer, RecvMessage, dll
 from rocketmq.ffi import _CConsumeStatus
 from rocketmq.exceptions import ffi_check
 
-from _common import delivery, emit
+from _common import add_credential_args, delivery, emit, set_credentials
 
 
 def main() -> int:
@@ -39,6 +39,7 @@ def main() -> int:
                         "offset after a larger one, as two batches of a queue finish out of order)")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--settle", type=float, default=2.0)
+    add_credential_args(p)
     a = p.parse_args()
     names = [n for n in a.props.split(",") if n]
     lock = threading.Lock()
@@ -63,6 +64,7 @@ def main() -> int:
     consumer = PushConsumer(a.group, orderly=a.orderly)
     consumer.set_namesrv_addr(a.namesrv)
     consumer.set_thread_count(a.threads)
+    set_credentials(consumer, a)
     # one message per callback: with larger batches the C wrapper stops at the first failure and the
     # rest of the batch is sent back without ever reaching the callback
     consumer.set_message_batch_max_size(1)

@@ -7,8 +7,8 @@ must never be dropped silently. So each key is either
   its own way (JVM thread pools, Netty buffers, HA links of a broker that has no slaves), and running
   without it changes no answer a client gets; or
 * **refused unless it has its "off" value** (``harmless={...}``): turning it on asks for a feature we
-  lack (ACL, DLedger, SQL92 filtering…), and running without it would be a lie — so
-  ``aclEnable=false`` is ignored but ``aclEnable=true`` is an error naming the key.
+  lack (DLedger, SQL92 filtering…), and running without it would be a lie — so
+  ``enableDLegerCommitLog=false`` is ignored but ``enableDLegerCommitLog=true`` is an error naming the key.
 
 ``deleteWhen``/``fileReservedTime`` (in Apache's own sample ``conf/broker.conf``) are ignored with a
 warning: rocketlake never deletes commitlog files — its lake keeps the history — so the setting has
@@ -123,7 +123,6 @@ APACHE_ONLY_KEYS: dict[str, ApacheOnlyKey] = {
     "brokerTopicEnable": _off("the broker-name topic is always created", "true"),
     "duplicationEnable": _off("commitlog duplication (for DLedger migration) is not implemented", "false"),
     # features we lack: refused unless off
-    "aclEnable": _off("ACL (access control) is not implemented; refusing rather than running unprotected", "false"),
     "enableDLegerCommitLog": _off("DLedger (Raft) commitlog replication is not implemented", "false"),
     "dLegerGroup": _off("DLedger (Raft) commitlog replication is not implemented", ""),
     "dLegerPeers": _off("DLedger (Raft) commitlog replication is not implemented", ""),

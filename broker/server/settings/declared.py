@@ -16,6 +16,7 @@ import os
 from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any
 
+from broker.acl.config import DEFAULT_ACL_FILE
 from broker.remoting.codes import MASTER_ID
 from broker.remoting.frame import DEFAULT_MAX_FRAME
 from broker.server.clients import DEFAULT_CHANNEL_EXPIRED_S
@@ -114,6 +115,14 @@ class BrokerSettings:
         "s without a heartbeat after which a client's registration is dropped (its consumers rebalance); "
         "Apache closes a channel idle that long, which drops its clients the same way",
         runtime=True)
+
+    # ---- access control (BrokerConfig.aclEnable; Apache reads the file from ROCKETMQ_HOME/conf) ---------
+    acl_enable: bool = _s("aclEnable", False,
+                          "check every request against plain_acl.yml (Apache's plain ACL): signature, "
+                          "whitelists, topic/group permissions, admin-only requests")
+    acl_file_path: str = _s("aclFilePath", DEFAULT_ACL_FILE,
+                            "the ACL file (Apache's plain_acl.yml); a relative path is taken from the config "
+                            "file's directory, as Apache takes it from ROCKETMQ_HOME", ours=True)
 
     def __post_init__(self) -> None:
         if self.flush_disk_type not in FLUSH_DISK_TYPES:
