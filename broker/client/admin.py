@@ -55,6 +55,7 @@ from broker.remoting.headers import (
     ViewBrokerStatsDataRequestHeader,
 )
 from broker.remoting.properties_body import CHARSET, parse_properties, properties_to_text
+from broker.remoting.tls import ClientTlsConfig
 from broker.remoting.transport import RemotingError
 from broker.store.config_files import DataVersion, SubscriptionGroupConfig
 from broker.store.message_id import decode_offset_msg_id
@@ -74,9 +75,9 @@ class BrokerConfig:
 
 
 class Admin:
-    def __init__(self, namesrv_addr: str, timeout: float = 5.0) -> None:
+    def __init__(self, namesrv_addr: str, timeout: float = 5.0, *, tls: ClientTlsConfig | None = None) -> None:
         self.namesrv_addr = namesrv_addr
-        self.client = ClientInstance(namesrv_addr, "ADMIN", timeout)
+        self.client = ClientInstance(namesrv_addr, "ADMIN", timeout, tls)
 
     def close(self) -> None:
         self.client.close()

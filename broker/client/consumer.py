@@ -40,6 +40,7 @@ from broker.remoting.bodies import (
 )
 from broker.remoting.codes import DEFAULT_VERSION, ExpressionType, PullSysFlag, RequestCode, ResponseCode, version_desc
 from broker.remoting.command import RemotingCommand
+from broker.remoting.tls import ClientTlsConfig
 from broker.store.message import MessageRecord, RecordError, decode_record
 from broker.store.topics import retry_topic
 
@@ -89,11 +90,13 @@ def _tags_filter(expression: str) -> set[str] | None:
 class PullConsumer(ClientLifecycle):
     """Pull with explicit offsets; offsets can be stored on the broker (``commit``/``committed``)."""
 
-    def __init__(self, group: str, namesrv_addr: str, *, timeout: float = 3.0, instance_name: str = "DEFAULT") -> None:
+    def __init__(self, group: str, namesrv_addr: str, *, timeout: float = 3.0, instance_name: str = "DEFAULT",
+                 tls: ClientTlsConfig | None = None) -> None:
         self.group = group
         self.namesrv_addr = namesrv_addr
         self.timeout = timeout
         self.instance_name = instance_name
+        self.tls = tls  # every connection over TLS (see ClientInstance)
         self._client = None
 
     def queues(self, topic: str) -> list[MessageQueue]:
@@ -198,8 +201,8 @@ class PushConsumer(PullConsumer):
     def __init__(self, group: str, namesrv_addr: str, listener: Callable[[MessageRecord], None], *,
                  topic: str, expression: str = "*", expression_type: str = ExpressionType.TAG,
                  consume_from: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
-                 timeout: float = 3.0, instance_name: str = "DEFAULT") -> None:
-        super().__init__(group, namesrv_addr, timeout=timeout, instance_name=instance_name)
+                 timeout: float = 3.0, instance_name: str = "DEFAULT", tls: ClientTlsConfig | None = None) -> None:
+        super().__init__(group, namesrv_addr, timeout=timeout, instance_name=instance_name, tls=tls)
         self.listener = listener
         self.topic = topic
         self.expression = expression

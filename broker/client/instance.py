@@ -19,6 +19,7 @@ from typing import Callable
 from broker.remoting.bodies import MessageQueue, TopicRouteData
 from broker.remoting.codes import PermName, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
+from broker.remoting.tls import ClientTlsConfig, client_context
 from broker.remoting.transport import RemotingClient, UnsupportedRequest
 
 log = logging.getLogger(__name__)
@@ -65,9 +66,14 @@ def local_ip() -> str:
 
 
 class ClientInstance:
-    """Event-loop thread + RemotingClient + name-server routes for one client object."""
+    """Event-loop thread + RemotingClient + name-server routes for one client object.
 
-    def __init__(self, namesrv_addr: str, instance_name: str = "DEFAULT", timeout: float = 3.0) -> None:
+    ``tls`` makes every connection TLS, the name servers' and the brokers' alike (Apache's client
+    ``tls.enable``); TlsConfigError when its files cannot be used."""
+
+    def __init__(self, namesrv_addr: str, instance_name: str = "DEFAULT", timeout: float = 3.0,
+                 tls: ClientTlsConfig | None = None) -> None:
+        context = client_context(tls) if tls is not None else None  # before a thread starts: errors leak nothing
         self.namesrv_addrs = [a.strip() for a in namesrv_addr.replace(",", ";").split(";") if a.strip()]
         if not self.namesrv_addrs:
             raise ValueError("a name server address (host:port) is required")
@@ -76,7 +82,7 @@ class ClientInstance:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rocketlake-client", daemon=True)
         self._thread.start()
-        self._remoting = RemotingClient(on_request=self._on_request)
+        self._remoting = RemotingClient(on_request=self._on_request, tls=context)
         self._routes: dict[str, TopicRoute] = {}
         self._routes_lock = threading.Lock()
         self._ns_index = 0
@@ -168,10 +174,11 @@ class ClientLifecycle:
     namesrv_addr: str
     instance_name: str
     timeout: float
+    tls: ClientTlsConfig | None = None
     _client: ClientInstance | None = None
 
     def start(self):
-        self._client = ClientInstance(self.namesrv_addr, self.instance_name, self.timeout)
+        self._client = ClientInstance(self.namesrv_addr, self.instance_name, self.timeout, self.tls)
         return self
 
     def shutdown(self) -> None:

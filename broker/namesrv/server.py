@@ -52,6 +52,7 @@ from broker.remoting.headers import (
     RegisterBrokerResponseHeader,
     UnRegisterBrokerRequestHeader,
 )
+from broker.remoting.tls import ServerTls
 from broker.remoting.transport import Connection, RemotingServer, UnsupportedRequest, parse_address
 from broker.store.config_files import ConfigFileError, DataVersion, TopicConfigTable
 from broker.store.crc import body_crc
@@ -81,7 +82,7 @@ class NameServer:
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
                  broker_timeout_s: float = DEFAULT_BROKER_TIMEOUT_S, scan_interval_s: float = DEFAULT_SCAN_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic, reuse_port: bool = False,
-                 max_frame: int = DEFAULT_MAX_FRAME) -> None:
+                 max_frame: int = DEFAULT_MAX_FRAME, tls: ServerTls | None = None) -> None:
         if broker_timeout_s <= 0 or scan_interval_s <= 0:
             raise ValueError("broker_timeout_s and scan_interval_s must be > 0")
         self.routes = RouteTable(broker_timeout_s=broker_timeout_s, clock=clock)
@@ -89,7 +90,7 @@ class NameServer:
         self.scan_interval_s = scan_interval_s
         self.order_message_enable = False  # NamesrvConfig.orderMessageEnable: routes carry orderTopicConf
         self.server = RemotingServer(host, port, self.process, name="namesrv", reuse_port=reuse_port,
-                                     max_frame=max_frame)
+                                     max_frame=max_frame, tls=tls)  # the broker's TLS modes and rotation
         self._scanner: asyncio.Task[None] | None = None
         self._handlers: dict[int, Handler] = {
             RequestCode.PUT_KV_CONFIG: self._put_kv_config,
@@ -329,7 +330,7 @@ class NameServer:
 async def serve_name_server(listen: str, *, broker_timeout_s: float = DEFAULT_BROKER_TIMEOUT_S,
                             scan_interval_s: float = DEFAULT_SCAN_INTERVAL_S, reuse_port: bool = False,
                             on_ready: Callable[[NameServer], object] | None = None,
-                            stop: asyncio.Event | None = None) -> None:
+                            stop: asyncio.Event | None = None, tls: ServerTls | None = None) -> None:
     """Run a name server on ``listen`` ("host:port") until ``stop`` is set or SIGINT/SIGTERM."""
     host, port = parse_address(listen)
     stop = stop or asyncio.Event()
@@ -340,7 +341,7 @@ async def serve_name_server(listen: str, *, broker_timeout_s: float = DEFAULT_BR
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
     server = NameServer(host, port, broker_timeout_s=broker_timeout_s, scan_interval_s=scan_interval_s,
-                        reuse_port=reuse_port)
+                        reuse_port=reuse_port, tls=tls)
     try:
         await server.start()
         log.info("name server listening on %s (broker timeout %gs)", server.address, broker_timeout_s)
