@@ -135,6 +135,14 @@ def test_cli_start_with_a_missing_key_is_a_usage_error(tmp_path, pki):
     assert run.stderr.strip().splitlines()[-1] == f"error: tls.server.keyPath={tmp_path / 'nope.key'}: no such file"
 
 
+def test_name_server_tls_flags_are_checked_before_it_listens(tmp_path, pki):
+    run = subprocess.run([*ROCKETLAKE, "namesrv", "start", "--listen", "127.0.0.1:0", "--tls-mode", "enforcing",
+                          "--tls-cert", str(pki.server.cert_path)], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert (run.returncode, run.stderr.strip()) == (
+        2, "error: tlsMode=enforcing needs tls.server.keyPath (a PEM file); it is not set")
+
+
 def test_a_broken_rotation_keeps_the_last_good_certificate(tmp_path, pki):
     cert = pki.ca.issue(tmp_path, "rot", serial=10)
     tls = ServerTls(ServerTlsConfig(TlsMode.ENFORCING, str(cert.cert_path), str(cert.key_path)))
