@@ -60,14 +60,22 @@ def test_tls_settings_load_from_toml_and_broker_conf(tmp_path, pki):
                     f'tls.server.need.client.auth = "require"\ntls.server.trustCertPath = "{pki.ca.cert_path}"\n')
     conf = tmp_path / "broker.conf"  # Apache's system property name for the mode is read as tlsMode
     conf.write_text(f"tls.server.mode=permissive\ntls.server.certPath={pki.server.cert_path}\n"
-                    f"tls.server.keyPath={pki.server.key_path}\ntls.server.keyPassword=s3cret\n")
+                    f"tls.server.keyPath={pki.server.key_path}\ntls.server.keyPassword=s3cret\n"
+                    f"tls.enable=true\ntls.client.authServer=true\ntls.client.trustCertPath={pki.ca.cert_path}\n"
+                    f"tls.client.certPath={pki.client.cert_path}\ntls.client.keyPath={pki.client.key_path}\n"
+                    f"tls.client.keyPassword=hidden\n")
     from_toml, from_conf = load_settings(toml).server_tls(), load_settings(conf).server_tls()
     assert (from_toml.mode, from_toml.cert_path, from_toml.key_path, from_toml.need_client_auth.value,
             from_toml.trust_cert_path) == (TlsMode.ENFORCING, str(pki.server.cert_path), str(pki.server.key_path),
                                            "require", str(pki.ca.cert_path))
     assert (from_conf.mode, from_conf.key_password) == (TlsMode.PERMISSIVE, "s3cret")
-    shown = settings_dict(load_settings(conf))  # GET_BROKER_CONFIG's body: the password never leaves
-    assert (shown["tlsMode"], shown["tls.server.keyPassword"]) == ("permissive", "******")
+    assert load_settings(conf).client_tls() == ClientTlsConfig(  # the name-server link (tls.enable = useTLS)
+        ca_file=str(pki.ca.cert_path), cert_file=str(pki.client.cert_path), key_file=str(pki.client.key_path),
+        key_password="hidden", check_hostname=False,
+        names=("tls.client.trustCertPath", "tls.client.certPath", "tls.client.keyPath"))
+    shown = settings_dict(load_settings(conf))  # GET_BROKER_CONFIG's body: the passwords never leave
+    assert (shown["tlsMode"], shown["useTLS"], shown["tls.server.keyPassword"], shown["tls.client.keyPassword"]) == (
+        "permissive", "true", "******", "******")
     assert settings_dict(load_settings(None))["tlsMode"] == "disabled"
 
 
@@ -79,8 +87,8 @@ def test_tls_settings_load_from_toml_and_broker_conf(tmp_path, pki):
     ({"tlsMode": "enforcing", "tls.server.certPath": "/c.pem", "tls.server.keyPath": "/k.pem",
       "tls.server.need.client.auth": "require"}, "tls.server.need.client.auth=require needs tls.server.trustCertPath"),
     ({"tlsMode": "enforcing", "tls.server.mode": "disabled"}, "tlsMode is given twice"),
-    ({"useTLS": "true"}, "useTLS=true: not supported by rocketlake: TLS on the broker's own outgoing"),
-    ({"tls.enable": "true"}, "tls.enable=true: not supported by rocketlake"),
+    ({"useTLS": "true", "tls.client.keyPath": "/k.pem"}, "tls.client.keyPath needs tls.client.certPath"),
+    ({"useTLS": "true", "tls.enable": "false"}, "useTLS is given twice"),
     ({"tls.test.mode.enable": "true"}, "tls.test.mode.enable=true: not supported by rocketlake: rocketlake serves "
                                        "only the configured certificate"),
     ({"tls.config.file": "/etc/rocketmq/tls.properties"}, "tls.config.file=/etc/rocketmq/tls.properties: not "
@@ -93,9 +101,9 @@ def test_bad_tls_settings_are_refused_naming_the_key(entries, message):
 
 
 def test_harmless_apache_tls_keys_load():
-    s = settings_from_mapping({"useTLS": "false", "tls.test.mode.enable": "false", "tls.server.authClient": "true",
+    s = settings_from_mapping({"tls.test.mode.enable": "false", "tls.server.authClient": "true",
                                "tls.client.certPath": "/x.pem"})
-    assert s.server_tls().mode is TlsMode.DISABLED
+    assert s.server_tls().mode is TlsMode.DISABLED and s.client_tls() is None  # useTLS off: no client TLS
 
 
 def _start_error(settings_entries: dict, tmp_path: Path) -> str:
@@ -123,6 +131,16 @@ def test_unusable_certificate_files_stop_the_start_naming_setting_and_path(tmp_p
         "tls.server.need.client.auth": "optional", "tls.server.trustCertPath": str(missing)}), tmp_path) == \
         f"tls.server.trustCertPath={missing}: no such file"
     ServerTls(ServerTlsConfig(TlsMode.ENFORCING, str(locked.cert_path), str(locked.key_path), "right"))  # loads
+
+
+def test_an_unusable_client_certificate_stops_the_start_too(tmp_path, pki):
+    missing = tmp_path / "client.crt"
+    assert _start_error({"useTLS": "true", "tls.client.certPath": str(missing),
+                         "tls.client.keyPath": str(pki.client.key_path)}, tmp_path) == \
+        f"tls.client.certPath={missing}: no such file"
+    assert _start_error({"useTLS": "true", "tls.client.authServer": "true",
+                         "tls.client.trustCertPath": str(missing)}, tmp_path) == \
+        f"tls.client.trustCertPath={missing}: no such file"
 
 
 def test_cli_start_with_a_missing_key_is_a_usage_error(tmp_path, pki):
@@ -317,3 +335,28 @@ def test_tls_client_against_a_disabled_broker_is_refused_cleanly(broker_factory,
     assert bodies_drained(namesrv, "TlsDisabled") == [b"plain-1", b"plain-2"]
     assert "Traceback" not in log_text(broker)
     assert os.path.getsize(broker.log) > 0
+
+
+def test_broker_registers_over_mutual_tls_with_an_enforcing_name_server(tmp_path, pki):
+    """useTLS: the broker's registrations go over TLS, with its client certificate (Apache's broker
+    with tls.enable and tls.client.*), to a name server that takes nothing else."""
+    proc, ns = start_namesrv(tmp_path, ["--tls-mode", "enforcing", "--tls-cert", str(pki.server.cert_path),
+                                        "--tls-key", str(pki.server.key_path), "--tls-need-client-auth", "require",
+                                        "--tls-trust-cert", str(pki.ca.cert_path)])
+    try:
+        broker = start_broker(tmp_path / "store", ns, {
+            "brokerName": "tls-registering", **server_keys(pki.server, "enforcing"), "useTLS": True,
+            "tls.client.authServer": True, "tls.client.trustCertPath": str(pki.ca.cert_path),
+            "tls.client.certPath": str(pki.client.cert_path), "tls.client.keyPath": str(pki.client.key_path)},
+            processes=1)
+        try:
+            trusted = tls_client(pki, cert=pki.client)
+            make_topic(ns, broker, "TlsRegistered", trusted)  # routed: the registration went through
+            send_all(ns, "TlsRegistered", [b"one", b"two", b"three"], trusted)
+            assert_stored(ns, broker, "TlsRegistered", 3, trusted)
+            assert "cannot register" not in log_text(broker) and "Traceback" not in log_text(broker)
+        finally:
+            assert broker.stop() == 0
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -39,6 +39,14 @@ KEY_PATH_KEY = "tls.server.keyPath"
 KEY_PASSWORD_KEY = "tls.server.keyPassword"
 TRUST_CERT_PATH_KEY = "tls.server.trustCertPath"
 NEED_CLIENT_AUTH_KEY = "tls.server.need.client.auth"
+# the broker's own outgoing connections (NettyClientConfig.useTLS; its system property tls.enable)
+USE_TLS_KEY = "useTLS"
+USE_TLS_PROPERTY = "tls.enable"
+CLIENT_CERT_PATH_KEY = "tls.client.certPath"
+CLIENT_KEY_PATH_KEY = "tls.client.keyPath"
+CLIENT_KEY_PASSWORD_KEY = "tls.client.keyPassword"
+CLIENT_TRUST_CERT_PATH_KEY = "tls.client.trustCertPath"
+CLIENT_AUTH_SERVER_KEY = "tls.client.authServer"
 
 TLS_HANDSHAKE_RECORD = 0x16  # first byte of a TLS ClientHello record (Apache's HandshakeHandler peeks it)
 HANDSHAKE_TIMEOUT_S = 10.0  # Netty SslHandler's default handshake timeout
@@ -228,6 +236,8 @@ class ClientTlsConfig:
     key_file: str = ""
     key_password: str = ""
     check_hostname: bool = True
+    # the setting each field came from, for errors (a broker's tls.client.*); empty: the field's name
+    names: tuple[str, str, str] = ("", "", "")  # ca_file, cert_file, key_file
 
     def __post_init__(self) -> None:
         if self.insecure and self.ca_file:
@@ -238,6 +248,8 @@ class ClientTlsConfig:
 
 def client_context(cfg: ClientTlsConfig) -> ssl.SSLContext:
     """A client ``SSLContext``; TlsConfigError names the file that cannot be used."""
+    ca_name, cert_name, key_name = (given or default for given, default in
+                                    zip(cfg.names, ("ca_file", "cert_file", "key_file")))
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     if cfg.insecure:
         ctx.check_hostname = False
@@ -245,20 +257,20 @@ def client_context(cfg: ClientTlsConfig) -> ssl.SSLContext:
     else:
         ctx.check_hostname = cfg.check_hostname
         if cfg.ca_file:
-            _check_readable("ca_file", cfg.ca_file)
+            _check_readable(ca_name, cfg.ca_file)
             try:
                 ctx.load_verify_locations(cafile=cfg.ca_file)
             except ssl.SSLError as exc:
-                raise TlsConfigError(f"ca_file={cfg.ca_file}: no PEM certificate in it: {exc.reason or exc}") from None
+                raise TlsConfigError(f"{ca_name}={cfg.ca_file}: no PEM certificate in it: {exc.reason or exc}") from None
         else:
             ctx.load_default_certs()
     if cfg.cert_file:
-        _check_readable("cert_file", cfg.cert_file)
+        _check_readable(cert_name, cfg.cert_file)
         if cfg.key_file:
-            _check_readable("key_file", cfg.key_file)
+            _check_readable(key_name, cfg.key_file)
         try:
             ctx.load_cert_chain(cfg.cert_file, cfg.key_file or None, password=cfg.key_password or None)
         except ssl.SSLError as exc:
-            raise TlsConfigError(f"cert_file={cfg.cert_file}, key_file={cfg.key_file}: not a PEM certificate "
-                                 f"and its private key: {exc.reason or exc}") from None
+            raise TlsConfigError(f"{cert_name}={cfg.cert_file}, {key_name}={cfg.key_file}: not a PEM certificate "
+                                 f"and its private key (or a wrong password): {exc.reason or exc}") from None
     return ctx

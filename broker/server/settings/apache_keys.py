@@ -27,8 +27,6 @@ _MMAP = "a page-cache/mmap tuning knob of Java's MappedFile; rocketlake writes f
 _FLUSH = "a flush batching knob; rocketlake flushes every flushIntervalCommitLog/flushIntervalConsumeQueue ms"
 _FAST_FAIL = "Java's send-queue fast failure; rocketlake has no bounded send queue"
 _STATS = "a statistics/trace knob; rocketlake keeps no such statistics"
-_TLS_CLIENT = ("TLS on the broker's own outgoing connections (registration with the name servers) is not "
-               "implemented: they stay plaintext, so run the name servers with tlsMode permissive or disabled")
 
 
 @dataclass(frozen=True)
@@ -106,12 +104,7 @@ APACHE_ONLY_KEYS: dict[str, ApacheOnlyKey] = {
         "clientWorkerThreads", "clientCallbackExecutorThreads", "clientOnewaySemaphoreValue",
         "clientAsyncSemaphoreValue", "connectTimeoutMillis", "channelNotActiveInterval", "clientSocketSndBufSize",
         "clientSocketRcvBufSize", "clientPooledByteBufAllocatorEnable", "clientCloseSocketIfTimeout")},
-    # TLS (TlsSystemConfig): the server side is declared (tlsMode, tls.server.*); these are not
-    "useTLS": _off(_TLS_CLIENT, "false"),
-    "tls.enable": _off(_TLS_CLIENT, "false"),
-    **{key: ApacheOnlyKey(_TLS_CLIENT) for key in (
-        "tls.client.keyPath", "tls.client.keyPassword", "tls.client.certPath", "tls.client.authServer",
-        "tls.client.trustCertPath")},
+    # TLS (TlsSystemConfig): tlsMode, tls.server.*, useTLS and tls.client.* are declared; these are not
     "tls.test.mode.enable": _off("rocketlake serves only the configured certificate (tls.server.certPath, "
                                  "tls.server.keyPath), never a throwaway self-signed one", "false"),
     "tls.config.file": _off("the tls.* settings are read from the broker's own config file, not from a "

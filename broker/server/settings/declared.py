@@ -20,13 +20,21 @@ from broker.remoting.codes import MASTER_ID
 from broker.remoting.frame import DEFAULT_MAX_FRAME
 from broker.remoting.tls import (
     CERT_PATH_KEY,
+    CLIENT_AUTH_SERVER_KEY,
+    CLIENT_CERT_PATH_KEY,
+    CLIENT_KEY_PASSWORD_KEY,
+    CLIENT_KEY_PATH_KEY,
+    CLIENT_TRUST_CERT_PATH_KEY,
     KEY_PASSWORD_KEY,
     KEY_PATH_KEY,
     MODE_KEY,
     MODE_PROPERTY,
     NEED_CLIENT_AUTH_KEY,
     TRUST_CERT_PATH_KEY,
+    USE_TLS_KEY,
+    USE_TLS_PROPERTY,
     ClientAuth,
+    ClientTlsConfig,
     ServerTlsConfig,
     TlsConfigError,
     TlsMode,
@@ -142,6 +150,20 @@ class BrokerSettings:
     tls_server_need_client_auth: str = _s(NEED_CLIENT_AUTH_KEY, ClientAuth.NONE.value,
                                           "none | optional | require: ask TLS clients for a certificate "
                                           "(verified against tls.server.trustCertPath)")
+    use_tls: bool = _s(USE_TLS_KEY, False, "register with the name servers over TLS (NettyClientConfig.useTLS; "
+                                           f"Apache's {USE_TLS_PROPERTY} is read as this too)",
+                       differs="Apache turns it on by default when tlsMode is enforcing; rocketlake only when "
+                               "set, since a name server need not follow its brokers' mode")
+    tls_client_auth_server: bool = _s(CLIENT_AUTH_SERVER_KEY, False,
+                                      "verify the name servers' certificates (against tls.client.trustCertPath, "
+                                      "or the system's CAs); false accepts any, as Apache does")
+    tls_client_trust_cert_path: str = _s(CLIENT_TRUST_CERT_PATH_KEY, "",
+                                         "PEM CA certificates the name servers' certificates are verified against")
+    tls_client_cert_path: str = _s(CLIENT_CERT_PATH_KEY, "",
+                                   "PEM certificate the broker presents to name servers that ask for one")
+    tls_client_key_path: str = _s(CLIENT_KEY_PATH_KEY, "", "PEM private key of tls.client.certPath")
+    tls_client_key_password: str = _s(CLIENT_KEY_PASSWORD_KEY, "", "password of an encrypted tls.client.keyPath",
+                                      secret=True)
 
     def __post_init__(self) -> None:
         if self.flush_disk_type not in FLUSH_DISK_TYPES:
@@ -171,8 +193,23 @@ class BrokerSettings:
             raise SettingsError(f"messageDelayLevel: {exc}") from None
         try:
             self.server_tls()
+            self.client_tls()
         except TlsConfigError as exc:
             raise SettingsError(str(exc)) from None
+
+    def client_tls(self) -> ClientTlsConfig | None:
+        """TLS of the broker's connections to the name servers, None when they are plaintext.
+        Host names are not matched: Apache's client does not, and its certificates need not name
+        the address a broker dials."""
+        if not self.use_tls:
+            return None
+        if self.tls_client_key_path and not self.tls_client_cert_path:
+            raise TlsConfigError(f"{CLIENT_KEY_PATH_KEY} needs {CLIENT_CERT_PATH_KEY}; it is not set")
+        verify = self.tls_client_auth_server
+        return ClientTlsConfig(ca_file=self.tls_client_trust_cert_path if verify else "", insecure=not verify,
+                               cert_file=self.tls_client_cert_path, key_file=self.tls_client_key_path,
+                               key_password=self.tls_client_key_password, check_hostname=False,
+                               names=(CLIENT_TRUST_CERT_PATH_KEY, CLIENT_CERT_PATH_KEY, CLIENT_KEY_PATH_KEY))
 
     def server_tls(self) -> ServerTlsConfig:
         """The TLS settings as the transport takes them (the files are read when a server starts)."""
@@ -198,7 +235,7 @@ _KEY_OF = {f.name: key for key, f in SETTING_FIELDS.items()}
 _TYPES = {"int": int, "str": str, "bool": bool}
 RUNTIME_KEYS = frozenset(key for key, f in SETTING_FIELDS.items() if f.metadata["runtime"])
 # Other names Apache gives a declared setting (the system property of the same TLS mode).
-KEY_ALIASES = {MODE_PROPERTY: MODE_KEY}
+KEY_ALIASES = {MODE_PROPERTY: MODE_KEY, USE_TLS_PROPERTY: USE_TLS_KEY}
 SECRET_MASK = "******"  # a secret's value as GET_BROKER_CONFIG shows it when set
 
 
