@@ -9,19 +9,30 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from broker.client import Admin, ClientTlsConfig, Message, MQClientError, Producer, PullConsumer
+from broker.client import Admin, ClientTlsConfig, Message, MQClientError, Producer, PullConsumer, PushConsumer
+from broker.remoting.bodies import ConsumeFromWhere
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.tls import ServerTls, ServerTlsConfig, TlsConfigError, TlsMode, client_context
 from broker.remoting.transport import SyncRemotingClient
 from broker.server.broker import Broker
 from broker.server.settings import SettingsError, load_settings, settings_dict, settings_from_mapping
-from tests.broker_harness import REPO, ROCKETLAKE, drain, start_broker, start_namesrv, stored_messages, wait_until
+from tests.broker_harness import (
+    REPO,
+    ROCKETLAKE,
+    Recorder,
+    drain,
+    start_broker,
+    start_namesrv,
+    stored_messages,
+    wait_until,
+)
 from tests.tls_certs import make_ca, serial_of
 
 SERVER_SERIAL, ROTATED_SERIAL, CLIENT_SERIAL = 1001, 1002, 2001
@@ -245,6 +256,15 @@ def test_enforcing_serves_tls_clients_and_refuses_plaintext(broker_factory, name
     send_all(namesrv, "TlsEnforced", sent, tls)
     assert_stored(namesrv, broker, "TlsEnforced", 25, tls)
     assert bodies_drained(namesrv, "TlsEnforced", tls) == sorted(sent)
+    seen = Recorder()  # a push consumer too: heartbeats, rebalance, long polls and offset commits over TLS
+    push = PushConsumer("CG_TLS_PUSH", namesrv, lambda m: seen.add(m.payload), topic="TlsEnforced",
+                        consume_from=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET, tls=tls)
+    push.start()
+    try:
+        got = seen.wait_for(25, time.monotonic() + 40)
+    finally:
+        push.shutdown()
+    assert sorted(got) == sorted(sent)
 
     with pytest.raises(MQClientError):  # our client in plaintext: the broker closes on it
         send_all(namesrv, "TlsEnforced", [b"plaintext"])
