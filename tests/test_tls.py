@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from broker.cli import main
 from broker.client import Admin, ClientTlsConfig, Message, MQClientError, Producer, PullConsumer, PushConsumer
 from broker.remoting.bodies import ConsumeFromWhere
 from broker.remoting.codes import RequestCode, ResponseCode
@@ -248,7 +249,7 @@ def log_text(broker) -> str:
     return broker.log.read_text(errors="replace")
 
 
-def test_enforcing_serves_tls_clients_and_refuses_plaintext(broker_factory, namesrv, pki):
+def test_enforcing_serves_tls_clients_and_refuses_plaintext(broker_factory, namesrv, pki, capsys):
     broker = broker_factory("tls-enforcing", server_keys(pki.server, "enforcing"))
     tls = tls_client(pki)
     make_topic(namesrv, broker, "TlsEnforced", tls)
@@ -265,6 +266,12 @@ def test_enforcing_serves_tls_clients_and_refuses_plaintext(broker_factory, name
     finally:
         push.shutdown()
     assert sorted(got) == sorted(sent)
+
+    assert main(["admin", "getBrokerConfig", "-n", namesrv, "-b", broker.addr, "--tls-ca", str(pki.ca.cert_path)]) == 0
+    shown = capsys.readouterr().out.splitlines()  # the admin command line over TLS
+    assert f"{'tlsMode':<50}=  enforcing" in shown and f"{'tls.server.certPath':<50}=  {pki.server.cert_path}" in shown
+    assert main(["admin", "getBrokerConfig", "-n", namesrv, "-b", broker.addr, "--tls-ca", "/nowhere.pem"]) == 2
+    assert capsys.readouterr().err == "error: --tls-ca=/nowhere.pem: no such file\n"
 
     with pytest.raises(MQClientError):  # our client in plaintext: the broker closes on it
         send_all(namesrv, "TlsEnforced", [b"plaintext"])
