@@ -78,6 +78,16 @@ class TlsConfigError(ValueError):
     """A TLS setting is wrong or a file it names cannot be used; the message names setting and path."""
 
 
+def _choice(kind: type[enum.Enum], value: object, key: str):
+    """``value`` as a member of ``kind`` (text in any case, blanks trimmed); the error names ``key``."""
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(str(value).strip().lower())
+    except ValueError:
+        raise TlsConfigError(f"{key}={value}: must be one of {', '.join(m.value for m in kind)}") from None
+
+
 @dataclass(frozen=True)
 class ServerTlsConfig:
     """The server side's TLS settings, checked for consistency (files are read by :func:`server_context`)."""
@@ -90,20 +100,8 @@ class ServerTlsConfig:
     need_client_auth: ClientAuth = ClientAuth.NONE
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "mode", TlsMode(str(self.mode).strip().lower()
-                                                     if not isinstance(self.mode, TlsMode) else self.mode))
-        except ValueError:
-            raise TlsConfigError(f"{MODE_KEY}={self.mode}: must be one of "
-                                 f"{', '.join(m.value for m in TlsMode)}") from None
-        try:
-            object.__setattr__(self, "need_client_auth",
-                               ClientAuth(str(self.need_client_auth).strip().lower()
-                                          if not isinstance(self.need_client_auth, ClientAuth)
-                                          else self.need_client_auth))
-        except ValueError:
-            raise TlsConfigError(f"{NEED_CLIENT_AUTH_KEY}={self.need_client_auth}: must be one of "
-                                 f"{', '.join(a.value for a in ClientAuth)}") from None
+        object.__setattr__(self, "mode", _choice(TlsMode, self.mode, MODE_KEY))
+        object.__setattr__(self, "need_client_auth", _choice(ClientAuth, self.need_client_auth, NEED_CLIENT_AUTH_KEY))
         if self.mode is TlsMode.DISABLED:
             return
         for key, value in ((CERT_PATH_KEY, self.cert_path), (KEY_PATH_KEY, self.key_path)):
