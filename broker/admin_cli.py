@@ -477,12 +477,17 @@ def cmd_admin(args: argparse.Namespace) -> int:
     """Run one subcommand with a connected :class:`Admin`; every failure becomes one stderr line."""
     from broker.client import Admin, MQClientError
     from broker.remoting.command import ProtocolError
+    from broker.remoting.tls import TlsConfigError
     from broker.remoting.transport import RemotingError
 
     if (args.access_key is None) != (args.secret_key is None):
         print("error: --access-key and --secret-key go together", file=sys.stderr)
         return EXIT_USAGE
-    admin = Admin(args.namesrv, access_key=args.access_key, secret_key=args.secret_key)
+    try:
+        admin = Admin(args.namesrv, access_key=args.access_key, secret_key=args.secret_key, tls=_tls_option(args))
+    except TlsConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         return args.admin_func(admin, args)
     except (MQClientError, ProtocolError, RemotingError, OSError, TimeoutError) as exc:
@@ -492,6 +497,17 @@ def cmd_admin(args: argparse.Namespace) -> int:
         return EXIT_FINDINGS
     finally:
         admin.close()
+
+
+def _tls_option(args: argparse.Namespace):
+    """The client TLS the flags ask for (Apache's mqadmin takes -Dtls.enable=true), or None."""
+    from broker.remoting.tls import ClientTlsConfig
+
+    if not (args.tls or args.tls_ca or args.tls_insecure or args.tls_cert):
+        return None
+    return ClientTlsConfig(ca_file=args.tls_ca or "", insecure=args.tls_insecure, cert_file=args.tls_cert or "",
+                           key_file=args.tls_key or "", check_hostname=not args.tls_no_hostname_check,
+                           names=("--tls-ca", "--tls-cert", "--tls-key"))
 
 
 # ---- parser ----------------------------------------------------------------------------------------
@@ -506,6 +522,14 @@ def add_admin_parser(sub: argparse._SubParsersAction) -> None:
     common.add_argument("--access-key", default=None, metavar="AK",
                         help="sign every request (ACL) as this account; with --secret-key")
     common.add_argument("--secret-key", default=None, metavar="SK", help="the account's secret key")
+    tls = common.add_argument_group("TLS (every connection, name servers' and brokers'; any of these turns it on)")
+    tls.add_argument("--tls", action="store_true", help="TLS, verifying servers against the system's CAs")
+    tls.add_argument("--tls-ca", metavar="PEM", help="verify servers against these CA certificates")
+    tls.add_argument("--tls-insecure", action="store_true", help="do not verify servers (self-signed test setups)")
+    tls.add_argument("--tls-cert", metavar="PEM", help="client certificate, for servers that require one")
+    tls.add_argument("--tls-key", metavar="PEM", help="its private key")
+    tls.add_argument("--tls-no-hostname-check", action="store_true",
+                     help="accept a verified certificate that does not name the host dialled")
 
     admin = sub.add_parser("admin", help="mqadmin's topic, group, offset, name server config, broker statistics "
                                           "and connected-client commands",

@@ -215,10 +215,28 @@ def positive_float(unit: str):
 _positive_seconds = positive_float("seconds")
 
 
+def _add_namesrv_tls_arguments(p: argparse.ArgumentParser) -> None:
+    """The broker's TLS settings (Apache's names, in the help) as name server flags."""
+    from broker.remoting import tls
+
+    p.add_argument("--tls-mode", choices=[m.value for m in tls.TlsMode], default=tls.TlsMode.DISABLED.value,
+                   help=f"{tls.MODE_KEY}: disabled (default), permissive (TLS and plaintext on one port) or "
+                        "enforcing (TLS only)")
+    p.add_argument("--tls-cert", default="", metavar="PEM", help=f"{tls.CERT_PATH_KEY}: certificate chain "
+                                                                 "(reloaded when it changes)")
+    p.add_argument("--tls-key", default="", metavar="PEM", help=f"{tls.KEY_PATH_KEY}: its private key")
+    p.add_argument("--tls-key-password", default="", metavar="TEXT", help=f"{tls.KEY_PASSWORD_KEY}")
+    p.add_argument("--tls-trust-cert", default="", metavar="PEM",
+                   help=f"{tls.TRUST_CERT_PATH_KEY}: CA certificates client certificates are verified against")
+    p.add_argument("--tls-need-client-auth", choices=[a.value for a in tls.ClientAuth],
+                   default=tls.ClientAuth.NONE.value, help=f"{tls.NEED_CLIENT_AUTH_KEY} (default none)")
+
+
 def cmd_namesrv_start(args: argparse.Namespace) -> int:
     import asyncio
 
     from broker.namesrv.server import serve_name_server
+    from broker.remoting.tls import ServerTls, ServerTlsConfig, TlsConfigError
 
     def ready(server) -> None:
         print(f"name server listening on {server.address}", file=sys.stderr, flush=True)
@@ -231,7 +249,14 @@ def cmd_namesrv_start(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     acl_file = str(args.acl_file.resolve()) if args.acl_enable else None
     try:
-        asyncio.run(serve_name_server(args.listen, broker_timeout_s=args.broker_timeout, on_ready=ready,
+        tls = ServerTls(ServerTlsConfig(mode=args.tls_mode, cert_path=args.tls_cert, key_path=args.tls_key,
+                                        key_password=args.tls_key_password, trust_cert_path=args.tls_trust_cert,
+                                        need_client_auth=args.tls_need_client_auth))
+    except TlsConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        asyncio.run(serve_name_server(args.listen, broker_timeout_s=args.broker_timeout, on_ready=ready, tls=tls,
                                       acl_file=acl_file))
     except AclConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -267,10 +292,11 @@ def cmd_broker_start(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     from broker.acl.errors import AclConfigError
+    from broker.remoting.tls import TlsConfigError
 
     try:
         return run_broker(settings, str(store), logging.getLogger().level, args.config)
-    except AclConfigError as exc:  # aclEnable=true with a missing or broken ACL file
+    except (AclConfigError, TlsConfigError) as exc:  # aclEnable with a missing/broken ACL file; unusable TLS files
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except RuntimeError as exc:
@@ -442,6 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="admin requests (KV config, topic deletion, config update) need an admin account of the "
                         "ACL file (Apache's plain_acl.yml); routes and registration stay open")
     p.add_argument("--acl-file", type=Path, default=None, metavar="FILE", help="the ACL file (plain_acl.yml)")
+    _add_namesrv_tls_arguments(p)
     p.set_defaults(func=cmd_namesrv_start)
 
     broker = sub.add_parser("broker", help="run a RocketMQ-compatible broker",

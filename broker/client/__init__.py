@@ -4,6 +4,7 @@ from broker.client.admin import Admin
 from broker.client.consumer import PullConsumer, PullResult, PullStatus, PushConsumer
 from broker.client.instance import MQClientError
 from broker.client.producer import Message, Producer, SendResult, SendStatus
+from broker.remoting.tls import ClientTlsConfig
 
-__all__ = ["Admin", "Message", "MQClientError", "Producer", "PullConsumer", "PullResult", "PullStatus",
+__all__ = ["Admin", "ClientTlsConfig", "Message", "MQClientError", "Producer", "PullConsumer", "PullResult", "PullStatus",
            "PushConsumer", "SendResult", "SendStatus"]

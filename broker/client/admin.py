@@ -55,6 +55,7 @@ from broker.remoting.headers import (
     ViewBrokerStatsDataRequestHeader,
 )
 from broker.remoting.properties_body import CHARSET, parse_properties, properties_to_text
+from broker.remoting.tls import ClientTlsConfig
 from broker.remoting.transport import RemotingError
 from broker.store.config_files import DataVersion, SubscriptionGroupConfig
 from broker.store.message_id import decode_offset_msg_id
@@ -75,10 +76,11 @@ class BrokerConfig:
 
 class Admin:
     def __init__(self, namesrv_addr: str, timeout: float = 5.0, *, access_key: str | None = None,
-                 secret_key: str | None = None, security_token: str | None = None) -> None:
+                 secret_key: str | None = None, security_token: str | None = None,
+                 tls: ClientTlsConfig | None = None) -> None:
         self.namesrv_addr = namesrv_addr
         self.client = ClientInstance(namesrv_addr, "ADMIN", timeout,
-                                     session_credentials(access_key, secret_key, security_token))
+                                     session_credentials(access_key, secret_key, security_token), tls)
 
     def close(self) -> None:
         self.client.close()

@@ -40,6 +40,7 @@ from broker.remoting.bodies import (
 )
 from broker.remoting.codes import DEFAULT_VERSION, ExpressionType, PullSysFlag, RequestCode, ResponseCode, version_desc
 from broker.remoting.command import RemotingCommand
+from broker.remoting.tls import ClientTlsConfig
 from broker.store.message import MessageRecord, RecordError, decode_record
 from broker.store.topics import retry_topic
 
@@ -91,12 +92,13 @@ class PullConsumer(ClientLifecycle):
 
     def __init__(self, group: str, namesrv_addr: str, *, timeout: float = 3.0, instance_name: str = "DEFAULT",
                  access_key: str | None = None, secret_key: str | None = None,
-                 security_token: str | None = None) -> None:
+                 security_token: str | None = None, tls: ClientTlsConfig | None = None) -> None:
         self.group = group
         self.credentials = session_credentials(access_key, secret_key, security_token)
         self.namesrv_addr = namesrv_addr
         self.timeout = timeout
         self.instance_name = instance_name
+        self.tls = tls  # every connection over TLS (see ClientInstance)
         self._client = None
 
     def queues(self, topic: str) -> list[MessageQueue]:
@@ -202,9 +204,10 @@ class PushConsumer(PullConsumer):
                  topic: str, expression: str = "*", expression_type: str = ExpressionType.TAG,
                  consume_from: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
                  timeout: float = 3.0, instance_name: str = "DEFAULT", access_key: str | None = None,
-                 secret_key: str | None = None, security_token: str | None = None) -> None:
+                 secret_key: str | None = None, security_token: str | None = None,
+                 tls: ClientTlsConfig | None = None) -> None:
         super().__init__(group, namesrv_addr, timeout=timeout, instance_name=instance_name, access_key=access_key,
-                         secret_key=secret_key, security_token=security_token)
+                         secret_key=secret_key, security_token=security_token, tls=tls)
         self.listener = listener
         self.topic = topic
         self.expression = expression

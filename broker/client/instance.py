@@ -20,6 +20,7 @@ from broker.acl.signature import SessionCredentials
 from broker.remoting.bodies import MessageQueue, TopicRouteData
 from broker.remoting.codes import PermName, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
+from broker.remoting.tls import ClientTlsConfig, client_context
 from broker.remoting.transport import RemotingClient, UnsupportedRequest
 
 log = logging.getLogger(__name__)
@@ -66,10 +67,14 @@ def local_ip() -> str:
 
 
 class ClientInstance:
-    """Event-loop thread + RemotingClient + name-server routes for one client object."""
+    """Event-loop thread + RemotingClient + name-server routes for one client object.
+
+    ``credentials`` sign every request (ACL); ``tls`` makes every connection TLS, the name servers'
+    and the brokers' alike (Apache's client ``tls.enable``); TlsConfigError when its files cannot be used."""
 
     def __init__(self, namesrv_addr: str, instance_name: str = "DEFAULT", timeout: float = 3.0,
-                 credentials: SessionCredentials | None = None) -> None:
+                 credentials: SessionCredentials | None = None, tls: ClientTlsConfig | None = None) -> None:
+        context = client_context(tls) if tls is not None else None  # before a thread starts: errors leak nothing
         self.namesrv_addrs = [a.strip() for a in namesrv_addr.replace(",", ";").split(";") if a.strip()]
         if not self.namesrv_addrs:
             raise ValueError("a name server address (host:port) is required")
@@ -79,7 +84,7 @@ class ClientInstance:
         self._thread = threading.Thread(target=self._loop.run_forever, name="rocketlake-client", daemon=True)
         self._thread.start()
         # with credentials every request is signed as Apache's AclClientRPCHook signs it
-        self._remoting = RemotingClient(on_request=self._on_request,
+        self._remoting = RemotingClient(on_request=self._on_request, tls=context,
                                         before_request=credentials.sign_request if credentials else None)
         self._routes: dict[str, TopicRoute] = {}
         self._routes_lock = threading.Lock()
@@ -183,10 +188,11 @@ class ClientLifecycle:
     instance_name: str
     timeout: float
     credentials: SessionCredentials | None = None
+    tls: ClientTlsConfig | None = None
     _client: ClientInstance | None = None
 
     def start(self):
-        self._client = ClientInstance(self.namesrv_addr, self.instance_name, self.timeout, self.credentials)
+        self._client = ClientInstance(self.namesrv_addr, self.instance_name, self.timeout, self.credentials, self.tls)
         return self
 
     def shutdown(self) -> None:

@@ -20,6 +20,7 @@ from broker.client.instance import ClientLifecycle, MQClientError, TopicRoute, s
 from broker.remoting.bodies import HeartbeatData, MessageQueue, ProducerData
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
+from broker.remoting.tls import ClientTlsConfig
 from broker.remoting.headers import SendMessageRequestHeader
 from broker.store.batch import BatchItem, encode_batch
 from broker.store.constants import COMPRESSED_FLAG, DEFAULT_MAX_MESSAGE_SIZE
@@ -104,7 +105,7 @@ class Producer(ClientLifecycle):
     def __init__(self, group: str, namesrv_addr: str, *, send_timeout: float = 3.0, retry_times: int = 2,
                  max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, instance_name: str = "DEFAULT",
                  access_key: str | None = None, secret_key: str | None = None,
-                 security_token: str | None = None) -> None:
+                 security_token: str | None = None, tls: ClientTlsConfig | None = None) -> None:
         self.group = group
         self.credentials = session_credentials(access_key, secret_key, security_token)
         self.namesrv_addr = namesrv_addr
@@ -112,6 +113,7 @@ class Producer(ClientLifecycle):
         self.retry_times = retry_times
         self.max_message_size = max_message_size
         self.instance_name = instance_name
+        self.tls = tls  # every connection over TLS (see ClientInstance)
         self.faults = LatencyFaultTolerance()
         self._counter = itertools.count()
         self._uniq = UniqKeyGenerator()

@@ -59,6 +59,7 @@ from broker.remoting.headers import (
     RegisterBrokerResponseHeader,
     UnRegisterBrokerRequestHeader,
 )
+from broker.remoting.tls import ServerTls
 from broker.remoting.transport import Connection, RemotingServer, UnsupportedRequest, parse_address
 from broker.store.config_files import ConfigFileError, DataVersion, TopicConfigTable
 from broker.store.crc import body_crc
@@ -88,7 +89,8 @@ class NameServer:
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
                  broker_timeout_s: float = DEFAULT_BROKER_TIMEOUT_S, scan_interval_s: float = DEFAULT_SCAN_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic, reuse_port: bool = False,
-                 max_frame: int = DEFAULT_MAX_FRAME, acl_file: str | None = None) -> None:
+                 max_frame: int = DEFAULT_MAX_FRAME, acl_file: str | None = None,
+                 tls: ServerTls | None = None) -> None:
         if broker_timeout_s <= 0 or scan_interval_s <= 0:
             raise ValueError("broker_timeout_s and scan_interval_s must be > 0")
         self.routes = RouteTable(broker_timeout_s=broker_timeout_s, clock=clock)
@@ -96,7 +98,7 @@ class NameServer:
         self.scan_interval_s = scan_interval_s
         self.order_message_enable = False  # NamesrvConfig.orderMessageEnable: routes carry orderTopicConf
         self.server = RemotingServer(host, port, self.process, name="namesrv", reuse_port=reuse_port,
-                                     max_frame=max_frame)
+                                     max_frame=max_frame, tls=tls)  # the broker's TLS modes and rotation
         self._scanner: asyncio.Task[None] | None = None
         # a missing or broken file raises AclConfigError here, before anything listens
         self.acl = AclGate(acl_file, NAMESRV_ADMIN_CODES) if acl_file else None
@@ -350,7 +352,8 @@ class NameServer:
 async def serve_name_server(listen: str, *, broker_timeout_s: float = DEFAULT_BROKER_TIMEOUT_S,
                             scan_interval_s: float = DEFAULT_SCAN_INTERVAL_S, reuse_port: bool = False,
                             on_ready: Callable[[NameServer], object] | None = None,
-                            stop: asyncio.Event | None = None, acl_file: str | None = None) -> None:
+                            stop: asyncio.Event | None = None, acl_file: str | None = None,
+                            tls: ServerTls | None = None) -> None:
     """Run a name server on ``listen`` ("host:port") until ``stop`` is set or SIGINT/SIGTERM."""
     host, port = parse_address(listen)
     stop = stop or asyncio.Event()
@@ -361,7 +364,7 @@ async def serve_name_server(listen: str, *, broker_timeout_s: float = DEFAULT_BR
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
     server = NameServer(host, port, broker_timeout_s=broker_timeout_s, scan_interval_s=scan_interval_s,
-                        reuse_port=reuse_port, acl_file=acl_file)
+                        reuse_port=reuse_port, acl_file=acl_file, tls=tls)
     try:
         await server.start()
         log.info("name server listening on %s (broker timeout %gs)", server.address, broker_timeout_s)

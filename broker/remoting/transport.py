@@ -13,6 +13,11 @@ broker pushes NOTIFY_CONSUMER_IDS_CHANGED to consumers and clients answer GET_CO
   other exception is logged with its traceback and also answered SYSTEM_ERROR;
 * a frame that cannot be split or whose header cannot be decoded (no opaque to answer to) is a
   :class:`FrameError`: one log line, and only that connection is closed.
+
+TLS (:mod:`broker.remoting.tls`): a server given a :class:`ServerTls` in permissive or enforcing
+mode accepts raw sockets itself, peeks at each one's first byte and wraps it in TLS or serves it as
+it is (Apache's ``HandshakeHandler``); after that a connection is a :class:`Connection` like any
+other, so nothing is added per frame. A disabled server keeps asyncio's own accept path.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import asyncio
 import inspect
 import logging
 import socket
+import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future as ThreadFuture
@@ -29,12 +35,21 @@ from typing import Any
 from broker.remoting.codes import ResponseCode, request_code_name
 from broker.remoting.command import RESPONSE_FLAG, ProtocolError, RemotingCommand
 from broker.remoting.frame import DEFAULT_MAX_FRAME, FrameDecoder, FrameError
+from broker.remoting.tls import (
+    FIRST_BYTE_TIMEOUT_S,
+    HANDSHAKE_TIMEOUT_S,
+    MODE_KEY,
+    TLS_HANDSHAKE_RECORD,
+    ServerTls,
+    TlsMode,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 3.0  # Java/C++ default for synchronous calls
 DEFAULT_MAX_INFLIGHT = 10_000  # per connection; beyond it requests are answered SYSTEM_BUSY
 _READ_CHUNK = 256 * 1024
+_LISTEN_BACKLOG = 100  # asyncio.start_server's default
 
 Processor = Callable[[RemotingCommand, "Connection"], Awaitable["RemotingCommand | None"]]
 CloseCallback = Callable[["Connection"], Any]
@@ -118,6 +133,10 @@ class Connection:
         self.name = name
         self.peer = _peer_of(writer, "peername")
         self.local = _peer_of(writer, "sockname")
+        tls_object: ssl.SSLObject | None = writer.get_extra_info("ssl_object")
+        self.tls = tls_object is not None  # TLS or plaintext
+        # read now, once: the handshake is done, and the object is gone with the connection
+        self._peer_cert = tls_object.getpeercert(binary_form=True) if tls_object is not None else None
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._close_callbacks: list[CloseCallback] = []
@@ -142,6 +161,10 @@ class Connection:
 
     async def wait_closed(self) -> None:
         await self._closed_event.wait()
+
+    def peer_certificate(self) -> bytes | None:
+        """The peer's certificate (DER) on a TLS connection that has one; None otherwise."""
+        return self._peer_cert
 
     def __repr__(self) -> str:
         return f"<Connection {self.name} {self.local}<->{self.peer}{' closed' if self._closed else ''}>"
@@ -202,7 +225,10 @@ class Connection:
                         raise FrameError(f"undecodable frame: {exc.detail}") from None
                     self._dispatch(cmd)
         except FrameError as exc:
-            log.warning("%s: closing connection from %s: %s", self.name, self.peer, exc)
+            # only on this error path: a TLS record where frames were expected says why
+            hint = (" (it looks like a TLS handshake: this end speaks plaintext here, "
+                    f"{MODE_KEY}=disabled)" if data[:1] == bytes([TLS_HANDSHAKE_RECORD]) else "")
+            log.warning("%s: closing connection from %s: %s%s", self.name, self.peer, exc, hint)
         except (ConnectionError, OSError) as exc:
             log.debug("%s: connection %s failed: %s", self.name, self.peer, exc)
         except asyncio.CancelledError:
@@ -335,6 +361,26 @@ class Connection:
             log.exception("%s: close callback %r failed", self.name, callback)
 
 
+def _socket_peer(sock: socket.socket) -> str:
+    try:
+        info = sock.getpeername()
+    except OSError:
+        return "?"
+    return format_address(str(info[0]), int(info[1])) if isinstance(info, tuple) else str(info)
+
+
+async def _peek_first_byte(loop: asyncio.AbstractEventLoop, sock: socket.socket, timeout: float) -> bytes:
+    """The connection's first byte, left in the socket (MSG_PEEK) for whoever reads it next; b"" when
+    the peer closed without sending anything."""
+    readable = loop.create_future()
+    loop.add_reader(sock.fileno(), lambda: readable.done() or readable.set_result(None))
+    try:
+        await asyncio.wait_for(readable, timeout)
+    finally:
+        loop.remove_reader(sock.fileno())
+    return sock.recv(1, socket.MSG_PEEK)
+
+
 def _loop_running() -> bool:
     try:
         asyncio.get_running_loop()
@@ -352,12 +398,15 @@ def _log_task_error(task: asyncio.Task[Any]) -> None:
 # Server
 # =====================================================================================================
 class RemotingServer:
-    """Accepts remoting connections and hands each request to ``processor(cmd, conn)``."""
+    """Accepts remoting connections and hands each request to ``processor(cmd, conn)``.
+
+    ``tls`` (permissive or enforcing) serves TLS on the port, rotating the certificate when its
+    files change; None or disabled serves plaintext only."""
 
     def __init__(self, host: str, port: int, processor: Processor, *, max_frame: int = DEFAULT_MAX_FRAME,
                  name: str = "remoting", reuse_port: bool = False, max_inflight: int = DEFAULT_MAX_INFLIGHT,
                  on_connection: Callable[[Connection], Any] | None = None,
-                 fast_handler: FastProcessor | None = None) -> None:
+                 fast_handler: FastProcessor | None = None, tls: ServerTls | None = None) -> None:
         self.host = host
         self.fast_handler = fast_handler
         self.requested_port = port
@@ -368,15 +417,23 @@ class RemotingServer:
         self.max_inflight = max_inflight
         self.on_connection = on_connection
         self.connections: set[Connection] = set()
+        self.tls = tls if tls is not None and tls.mode is not TlsMode.DISABLED else None
         self._server: asyncio.base_events.Server | None = None
+        self._listeners: list[socket.socket] = []  # TLS modes: sockets we accept on ourselves
+        self._acceptors: list[asyncio.Task[None]] = []
+        self._handshaking: set[asyncio.Task[Any]] = set()  # accepted sockets not yet a Connection
         self._runners: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         """Bind and listen. ``reuse_port`` sets SO_REUSEPORT so several processes share one port."""
-        if self._server is not None:
+        if self._server is not None or self._listeners:
             return
         if self.reuse_port and not hasattr(socket, "SO_REUSEPORT"):
             raise OSError("SO_REUSEPORT is not available on this platform")
+        if self.tls is not None:
+            await self._start_tls_listeners()
+            log.info("%s: listening on %s (%s=%s)", self.name, self.address, MODE_KEY, self.tls.mode.value)
+            return
         self._server = await asyncio.start_server(self._accept, self.host, self.requested_port,
                                                   reuse_address=True, reuse_port=self.reuse_port or None)
         log.info("%s: listening on %s", self.name, self.address)
@@ -384,6 +441,8 @@ class RemotingServer:
     @property
     def port(self) -> int:
         """The bound port (useful after binding port 0)."""
+        if self._listeners:
+            return int(self._listeners[0].getsockname()[1])
         if self._server is None or not self._server.sockets:
             raise RuntimeError(f"{self.name} is not listening")
         return int(self._server.sockets[0].getsockname()[1])
@@ -409,22 +468,135 @@ class RemotingServer:
             if task is not None:
                 self._runners.discard(task)
 
+    # --- TLS modes: our own accept loop, so the first byte can be looked at before it is read -----
+    async def _start_tls_listeners(self) -> None:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(self.host, self.requested_port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+        seen = set()
+        try:
+            for family, kind, proto, _, addr in infos:
+                if (family, addr) in seen:
+                    continue
+                seen.add((family, addr))
+                sock = socket.socket(family, kind, proto)
+                self._listeners.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if self.reuse_port:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(addr)
+                sock.listen(_LISTEN_BACKLOG)
+                sock.setblocking(False)
+        except OSError:
+            self._close_listeners()
+            raise
+        assert self.tls is not None
+        self._acceptors = [asyncio.ensure_future(self._accept_loop(sock)) for sock in self._listeners]
+        self._acceptors.append(asyncio.ensure_future(self.tls.watch()))
+
+    def _close_listeners(self) -> None:
+        for sock in self._listeners:
+            sock.close()
+        self._listeners = []
+
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except asyncio.CancelledError:
+                raise
+            except OSError as exc:  # EMFILE and the like: the listener itself is fine
+                log.warning("%s: accept failed: %s", self.name, exc)
+                await asyncio.sleep(0.1)
+                continue
+            self._spawn_runner(self._serve_socket(sock))
+
+    def _spawn_runner(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._runners.add(task)
+        task.add_done_callback(self._runners.discard)
+
+    async def _serve_socket(self, sock: socket.socket) -> None:
+        """Peek at the first byte, refuse what the mode does not allow, then serve the connection."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._handshaking.add(task)
+        try:
+            streams = await self._open_streams(sock)
+        except asyncio.CancelledError:
+            sock.close()
+            raise
+        finally:
+            self._handshaking.discard(task)
+        if streams is not None:
+            await self._accept(*streams)
+
+    async def _open_streams(self, sock: socket.socket) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        assert self.tls is not None
+        loop = asyncio.get_running_loop()
+        peer = _socket_peer(sock)
+        try:
+            first = await _peek_first_byte(loop, sock, FIRST_BYTE_TIMEOUT_S)
+        except (asyncio.TimeoutError, OSError) as exc:
+            log.info("%s: %s sent nothing (%s); closing", self.name, peer, exc or "timed out")
+            sock.close()
+            return None
+        if not first:
+            log.debug("%s: %s closed before sending anything", self.name, peer)
+            sock.close()
+            return None
+        wants_tls = first[0] == TLS_HANDSHAKE_RECORD
+        if not wants_tls and self.tls.mode is TlsMode.ENFORCING:
+            log.warning("%s: refusing %s: it speaks plaintext but %s=enforcing requires TLS", self.name, peer,
+                        MODE_KEY)
+            sock.close()
+            return None
+        reader = asyncio.StreamReader(limit=2 ** 16, loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        try:
+            if wants_tls:
+                transport, _ = await loop.connect_accepted_socket(
+                    lambda: protocol, sock, ssl=self.tls.context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+            else:
+                transport, _ = await loop.connect_accepted_socket(lambda: protocol, sock)
+        except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError) as exc:
+            log.warning("%s: TLS handshake with %s failed: %s", self.name, peer, str(exc) or type(exc).__name__)
+            sock.close()
+            return None
+        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
     async def serve_forever(self) -> None:
         await self.start()
-        assert self._server is not None
+        if self._server is None:
+            await asyncio.gather(*self._acceptors)
+            return
         await self._server.serve_forever()
 
     async def stop(self) -> None:
         """Stop listening and close every connection (held requests are cancelled)."""
-        if self._server is None:
+        if self._server is None and not self._listeners:
             return
-        self._server.close()
+        if self._server is not None:
+            self._server.close()
+        for task in self._acceptors:
+            task.cancel()
+        self._close_listeners()
         for conn in list(self.connections):
             conn.close()
-        await self._server.wait_closed()
-        runners = [t for t in self._runners if not t.done() and t is not asyncio.current_task()]
+        if self._server is not None:
+            await self._server.wait_closed()
+        current = asyncio.current_task()
+        for task in list(self._handshaking):  # not a connection yet: nothing to close but the socket
+            task.cancel()
+        runners = [t for t in self._runners if not t.done() and t is not current]
         if runners:
             await asyncio.wait(runners, timeout=5)
+        if self._acceptors:
+            await asyncio.wait(self._acceptors, timeout=5)
+            self._acceptors = []
         self._server = None
         log.info("%s: stopped", self.name)
 
@@ -447,13 +619,17 @@ class RemotingClient:
     ``on_request(cmd, conn)`` serves requests the server sends us (None ⇒ REQUEST_CODE_NOT_SUPPORTED,
     and nothing for oneway ones). ``before_request(cmd)`` runs on every request we send, just before
     it goes out (Java's ``RPCHook.doBeforeRequest``: ACL signing, :mod:`broker.acl.signature`).
+    ``tls`` (from :func:`broker.remoting.tls.client_context`) makes every connection TLS, as Apache's
+    client does with ``tls.enable``; a failed handshake is a RemotingConnectError.
     """
 
     def __init__(self, addr: str | None = None, *, on_request: Processor | None = None,
                  max_frame: int = DEFAULT_MAX_FRAME, connect_timeout: float = DEFAULT_TIMEOUT_S,
-                 name: str = "client", before_request: Callable[[RemotingCommand], None] | None = None) -> None:
+                 name: str = "client", before_request: Callable[[RemotingCommand], None] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.default_addr = addr
         self.before_request = before_request
+        self.tls = tls
         self.on_request = on_request
         self.max_frame = max_frame
         self.connect_timeout = connect_timeout
@@ -492,9 +668,14 @@ class RemotingClient:
             except ValueError as exc:
                 raise RemotingConnectError(str(exc)) from None
             try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), self.connect_timeout)
+                opening = (asyncio.open_connection(host, port) if self.tls is None else
+                           asyncio.open_connection(host, port, ssl=self.tls, server_hostname=host,
+                                                   ssl_handshake_timeout=self.connect_timeout))
+                reader, writer = await asyncio.wait_for(opening, self.connect_timeout)
             except (OSError, asyncio.TimeoutError) as exc:
-                raise RemotingConnectError(f"cannot connect to {addr}: {exc or 'timed out'}") from None
+                reason = exc if str(exc) else ("timed out" if isinstance(exc, asyncio.TimeoutError)
+                                               else f"{type(exc).__name__} (a TLS or plaintext mismatch?)")
+                raise RemotingConnectError(f"cannot connect to {addr}: {reason}") from None
             conn = Connection(reader, writer, self.on_request, max_frame=self.max_frame, name=self.name)
             self._connections[addr] = conn
             runner = asyncio.ensure_future(conn.run())
@@ -549,8 +730,10 @@ class SyncRemotingClient:
         future: ThreadFuture[Any] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
         return future.result(timeout)
 
-    def connect(self, addr: str | None = None) -> None:
-        self._call(self._client.connect(addr), self._client.connect_timeout + 5)
+    def connect(self, addr: str | None = None) -> Connection:
+        """Open (or reuse) the connection; the Connection is for looking at (``peer``,
+        ``peer_certificate()``): its coroutines belong to this client's loop thread."""
+        return self._call(self._client.connect(addr), self._client.connect_timeout + 5)
 
     def invoke(self, cmd: RemotingCommand, timeout: float = DEFAULT_TIMEOUT_S, *,
                addr: str | None = None) -> RemotingCommand:

@@ -44,6 +44,7 @@ from broker.remoting.bodies import RegisterBrokerBody
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import RegisterBrokerRequestHeader, UnRegisterBrokerRequestHeader
+from broker.remoting.tls import ServerTls, client_context
 from broker.remoting.transport import Connection, RemotingServer, SyncRemotingClient
 from broker.server.linux_process import set_process_name
 from broker.engine.message_store import MessageStore
@@ -87,7 +88,9 @@ class NameServerRegistrar:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="namesrv-register", daemon=True)
-        self._clients = {addr: SyncRemotingClient(addr) for addr in settings.namesrv_addrs}
+        tls = settings.client_tls()
+        context = client_context(tls) if tls is not None else None  # useTLS: registration over TLS
+        self._clients = {addr: SyncRemotingClient(addr, tls=context) for addr in settings.namesrv_addrs}
 
     def start(self) -> None:
         if self._clients:
@@ -270,9 +273,10 @@ class NetworkFrontend:
         # plain sends are drafted here, their records encoded: the store process only places them
         self.drafter = SendDrafter(settings.broker_cluster_name, Host.parse(settings.broker_addr),
                                    settings.max_message_size)
+        tls = settings.server_tls()  # each network process watches the certificate files itself
         self.server = RemotingServer(settings.listen_host, settings.listen_port, self.process,
                                      max_frame=settings.max_frame_length, name="broker", reuse_port=True,
-                                     fast_handler=self.take_send)
+                                     fast_handler=self.take_send, tls=ServerTls(tls) if tls.enabled else None)
 
     def _channel(self, conn: Connection) -> tuple[int, int]:
         ident = conn.attributes.get("rocketlake.channel")
@@ -450,6 +454,12 @@ class Broker:
         self._ctx = mp.get_context("spawn")
 
     def start(self) -> None:
+        """Start every process; TlsConfigError (naming the setting and file) before any starts when
+        TLS is on (tlsMode, useTLS) and a certificate or key it needs cannot be loaded."""
+        ServerTls(self.settings.server_tls())
+        client_tls = self.settings.client_tls()
+        if client_tls is not None:
+            client_context(client_tls)
         Path(self.store_dir).mkdir(parents=True, exist_ok=True)
         sock_dir = tempfile.mkdtemp(prefix="rocketlake-broker-")
         socket_path = os.path.join(sock_dir, "store.sock")

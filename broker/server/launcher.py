@@ -11,7 +11,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 ROCKETLAKE = [sys.executable, "-m", "broker.cli"]
@@ -87,10 +87,11 @@ class BrokerHandle:
             time.sleep(0.05)
 
 
-def start_namesrv(tmp: Path) -> tuple[subprocess.Popen, str]:
+def start_namesrv(tmp: Path, extra_args: Sequence[str] = ()) -> tuple[subprocess.Popen, str]:
+    """A name server on a free loopback port; ``extra_args`` are more ``namesrv start`` flags (TLS)."""
     port = free_port()
     log = open(tmp / f"namesrv-{port}.log", "w")
-    proc = subprocess.Popen([*ROCKETLAKE, "namesrv", "start", "--listen", f"127.0.0.1:{port}"], cwd=REPO,
+    proc = subprocess.Popen([*ROCKETLAKE, "namesrv", "start", "--listen", f"127.0.0.1:{port}", *extra_args], cwd=REPO,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     wait_port(port, proc=proc)
     return proc, f"127.0.0.1:{port}"

@@ -103,8 +103,16 @@ APACHE_ONLY_KEYS: dict[str, ApacheOnlyKey] = {
         "serverSocketRcvBufSize", "serverPooledByteBufAllocatorEnable", "useEpollNativeSelector",
         "clientWorkerThreads", "clientCallbackExecutorThreads", "clientOnewaySemaphoreValue",
         "clientAsyncSemaphoreValue", "connectTimeoutMillis", "channelNotActiveInterval", "clientSocketSndBufSize",
-        "clientSocketRcvBufSize", "clientPooledByteBufAllocatorEnable", "clientCloseSocketIfTimeout",
-        "useTLS")},
+        "clientSocketRcvBufSize", "clientPooledByteBufAllocatorEnable", "clientCloseSocketIfTimeout")},
+    # TLS (TlsSystemConfig): tlsMode, tls.server.*, useTLS and tls.client.* are declared; these are not
+    "tls.test.mode.enable": _off("rocketlake serves only the configured certificate (tls.server.certPath, "
+                                 "tls.server.keyPath), never a throwaway self-signed one", "false"),
+    "tls.config.file": _off("the tls.* settings are read from the broker's own config file, not from a "
+                            "separate tls.properties", ""),
+    "tls.server.authClient": ApacheOnlyKey(
+        "rocketlake verifies every client certificate it asks for (tls.server.need.client.auth) against "
+        "tls.server.trustCertPath, as Apache does with authClient=true: Python's TLS cannot accept one "
+        "unverified"),
     # fast failure, statistics, misc tuning
     "brokerFastFailureEnable": ApacheOnlyKey(_FAST_FAIL),
     "waitTimeMillsInSendQueue": ApacheOnlyKey(_FAST_FAIL),

@@ -19,6 +19,27 @@ from typing import Any
 from broker.acl.config import DEFAULT_ACL_FILE
 from broker.remoting.codes import MASTER_ID
 from broker.remoting.frame import DEFAULT_MAX_FRAME
+from broker.remoting.tls import (
+    CERT_PATH_KEY,
+    CLIENT_AUTH_SERVER_KEY,
+    CLIENT_CERT_PATH_KEY,
+    CLIENT_KEY_PASSWORD_KEY,
+    CLIENT_KEY_PATH_KEY,
+    CLIENT_TRUST_CERT_PATH_KEY,
+    KEY_PASSWORD_KEY,
+    KEY_PATH_KEY,
+    MODE_KEY,
+    MODE_PROPERTY,
+    NEED_CLIENT_AUTH_KEY,
+    TRUST_CERT_PATH_KEY,
+    USE_TLS_KEY,
+    USE_TLS_PROPERTY,
+    ClientAuth,
+    ClientTlsConfig,
+    ServerTlsConfig,
+    TlsConfigError,
+    TlsMode,
+)
 from broker.server.clients import DEFAULT_CHANNEL_EXPIRED_S
 from broker.engine.store_settings import StoreSettings
 from broker.store.constants import FLUSH_DISK_TYPES
@@ -35,10 +56,10 @@ class SettingsError(ValueError):
 
 
 def _s(key: str, default: Any = None, doc: str = "", *, runtime: bool = False, ours: bool = False,
-       differs: str = "", default_factory=None) -> Any:
+       differs: str = "", default_factory=None, secret: bool = False) -> Any:
     """One declaration. ``differs`` says why our default is not Apache's; ``ours`` marks a key Apache
-    does not have."""
-    meta = {"key": key, "doc": doc, "runtime": runtime, "ours": ours, "differs": differs}
+    does not have; ``secret`` keeps the value out of GET_BROKER_CONFIG's answer."""
+    meta = {"key": key, "doc": doc, "runtime": runtime, "ours": ours, "differs": differs, "secret": secret}
     if default_factory is not None:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -115,6 +136,35 @@ class BrokerSettings:
         "s without a heartbeat after which a client's registration is dropped (its consumers rebalance); "
         "Apache closes a channel idle that long, which drops its clients the same way",
         runtime=True)
+    # ---- TLS (Apache's TlsSystemConfig: tls.server.* and the server mode) -------------------------------
+    tls_mode: str = _s(MODE_KEY, TlsMode.DISABLED.value,
+                       "disabled (plaintext only) | permissive (TLS and plaintext on the same port, told apart "
+                       f"by the first byte) | enforcing (TLS only); Apache's {MODE_PROPERTY} is read as this too",
+                       differs="Apache's default is permissive, serving a throwaway self-signed certificate "
+                               "(tls.test.mode.enable); rocketlake has no certificate until one is configured")
+    tls_server_cert_path: str = _s(CERT_PATH_KEY, "", "PEM certificate chain the broker presents (reloaded when "
+                                                      "the file changes)")
+    tls_server_key_path: str = _s(KEY_PATH_KEY, "", "PEM private key of that certificate (reloaded when it changes)")
+    tls_server_key_password: str = _s(KEY_PASSWORD_KEY, "", "password of an encrypted private key", secret=True)
+    tls_server_trust_cert_path: str = _s(TRUST_CERT_PATH_KEY, "",
+                                         "PEM CA certificates that client certificates are verified against")
+    tls_server_need_client_auth: str = _s(NEED_CLIENT_AUTH_KEY, ClientAuth.NONE.value,
+                                          "none | optional | require: ask TLS clients for a certificate "
+                                          "(verified against tls.server.trustCertPath)")
+    use_tls: bool = _s(USE_TLS_KEY, False, "register with the name servers over TLS (NettyClientConfig.useTLS; "
+                                           f"Apache's {USE_TLS_PROPERTY} is read as this too)",
+                       differs="Apache turns it on by default when tlsMode is enforcing; rocketlake only when "
+                               "set, since a name server need not follow its brokers' mode")
+    tls_client_auth_server: bool = _s(CLIENT_AUTH_SERVER_KEY, False,
+                                      "verify the name servers' certificates (against tls.client.trustCertPath, "
+                                      "or the system's CAs); false accepts any, as Apache does")
+    tls_client_trust_cert_path: str = _s(CLIENT_TRUST_CERT_PATH_KEY, "",
+                                         "PEM CA certificates the name servers' certificates are verified against")
+    tls_client_cert_path: str = _s(CLIENT_CERT_PATH_KEY, "",
+                                   "PEM certificate the broker presents to name servers that ask for one")
+    tls_client_key_path: str = _s(CLIENT_KEY_PATH_KEY, "", "PEM private key of tls.client.certPath")
+    tls_client_key_password: str = _s(CLIENT_KEY_PASSWORD_KEY, "", "password of an encrypted tls.client.keyPath",
+                                      secret=True)
 
     # ---- access control (BrokerConfig.aclEnable; Apache reads the file from ROCKETMQ_HOME/conf) ---------
     acl_enable: bool = _s("aclEnable", False,
@@ -150,6 +200,32 @@ class BrokerSettings:
             parse_delay_levels(self.message_delay_level)
         except ValueError as exc:
             raise SettingsError(f"messageDelayLevel: {exc}") from None
+        try:
+            self.server_tls()
+            self.client_tls()
+        except TlsConfigError as exc:
+            raise SettingsError(str(exc)) from None
+
+    def client_tls(self) -> ClientTlsConfig | None:
+        """TLS of the broker's connections to the name servers, None when they are plaintext.
+        Host names are not matched: Apache's client does not, and its certificates need not name
+        the address a broker dials."""
+        if not self.use_tls:
+            return None
+        if self.tls_client_key_path and not self.tls_client_cert_path:
+            raise TlsConfigError(f"{CLIENT_KEY_PATH_KEY} needs {CLIENT_CERT_PATH_KEY}; it is not set")
+        verify = self.tls_client_auth_server
+        return ClientTlsConfig(ca_file=self.tls_client_trust_cert_path if verify else "", insecure=not verify,
+                               cert_file=self.tls_client_cert_path, key_file=self.tls_client_key_path,
+                               key_password=self.tls_client_key_password, check_hostname=False,
+                               names=(CLIENT_TRUST_CERT_PATH_KEY, CLIENT_CERT_PATH_KEY, CLIENT_KEY_PATH_KEY))
+
+    def server_tls(self) -> ServerTlsConfig:
+        """The TLS settings as the transport takes them (the files are read when a server starts)."""
+        return ServerTlsConfig(mode=self.tls_mode, cert_path=self.tls_server_cert_path,
+                               key_path=self.tls_server_key_path, key_password=self.tls_server_key_password,
+                               trust_cert_path=self.tls_server_trust_cert_path,
+                               need_client_auth=self.tls_server_need_client_auth)
 
     @property
     def broker_addr(self) -> str:
@@ -167,6 +243,9 @@ SETTING_FIELDS: dict[str, Field] = {f.metadata["key"]: f for f in fields(BrokerS
 _KEY_OF = {f.name: key for key, f in SETTING_FIELDS.items()}
 _TYPES = {"int": int, "str": str, "bool": bool}
 RUNTIME_KEYS = frozenset(key for key, f in SETTING_FIELDS.items() if f.metadata["runtime"])
+# Other names Apache gives a declared setting (the system property of the same TLS mode).
+KEY_ALIASES = {MODE_PROPERTY: MODE_KEY, USE_TLS_PROPERTY: USE_TLS_KEY}
+SECRET_MASK = "******"  # a secret's value as GET_BROKER_CONFIG shows it when set
 
 
 def key_of(field_name: str) -> str:
@@ -185,8 +264,13 @@ def format_value(value: Any) -> str:
 
 
 def settings_dict(settings: BrokerSettings) -> dict[str, str]:
-    """Every effective setting under its broker.conf name, sorted by name, values as text."""
-    return {key: format_value(getattr(settings, SETTING_FIELDS[key].name)) for key in sorted(SETTING_FIELDS)}
+    """Every effective setting under its broker.conf name, sorted by name, values as text (a set
+    secret as :data:`SECRET_MASK`: the answer goes to any client that asks)."""
+    out = {}
+    for key in sorted(SETTING_FIELDS):
+        value = format_value(getattr(settings, SETTING_FIELDS[key].name))
+        out[key] = SECRET_MASK if value and SETTING_FIELDS[key].metadata["secret"] else value
+    return out
 
 
 def convert(key: str, value: Any, source: str) -> Any:

@@ -19,7 +19,14 @@ from typing import Any
 
 from broker.remoting import java_properties
 from broker.server.settings.apache_keys import APACHE_ONLY_KEYS
-from broker.server.settings.declared import SETTING_FIELDS, BrokerSettings, SettingsError, convert, format_value
+from broker.server.settings.declared import (
+    KEY_ALIASES,
+    SETTING_FIELDS,
+    BrokerSettings,
+    SettingsError,
+    convert,
+    format_value,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +38,11 @@ _warned: set[str] = set()
 
 
 def canonical_key(key: str) -> str | None:
-    """The broker.conf name of a declared setting (``maxMessageSize`` or ``max_message_size``), or None."""
+    """The broker.conf name of a declared setting (``maxMessageSize``, ``max_message_size``, or another
+    Apache name of it such as ``tls.server.mode``), or None."""
     if key in SETTING_FIELDS:
         return key
-    return _FIELD_NAMES.get(key)
+    return _FIELD_NAMES.get(key) or KEY_ALIASES.get(key)
 
 
 def _suggestion(key: str) -> str:
@@ -67,10 +75,15 @@ def check_entries(data: dict[str, Any], source: str) -> dict[str, Any]:
     """Declared settings among ``data`` as field name → typed value. Harmless Apache-only keys are
     dropped (one warning per key and process); refused and unknown keys raise, naming the key."""
     values: dict[str, Any] = {}
+    spelled: dict[str, str] = {}  # field → the key it was given under
     for key, value in data.items():
         canonical = canonical_key(key)
         if canonical is not None:
-            values[SETTING_FIELDS[canonical].name] = convert(canonical, value, source)
+            name = SETTING_FIELDS[canonical].name
+            if name in spelled:
+                raise SettingsError(f"{source}: {canonical} is given twice (as {spelled[name]} and as {key})")
+            spelled[name] = key
+            values[name] = convert(canonical, value, source)
         elif key in APACHE_ONLY_KEYS:
             refused = refused_key_message(key, value, source)
             if refused:
@@ -143,7 +156,19 @@ def read_config_file(path: str | os.PathLike) -> tuple[str, dict[str, Any]]:
     table = data.get("broker", data)
     if not isinstance(table, dict):
         raise SettingsError(f"broker config {p}: [broker] must be a table")
-    return fmt, table
+    return fmt, _dotted(table)
+
+
+def _dotted(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """TOML reads Apache's dotted names (``tls.server.certPath = "…"``) as nested tables; back to the
+    one dotted key they are in broker.conf. A quoted key (``"tls.server.certPath"``) is already one."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def load_settings(path: str | os.PathLike | None, **overrides: Any) -> BrokerSettings:
