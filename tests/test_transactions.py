@@ -7,9 +7,15 @@ Records are compared byte for byte with what Apache 4.9.8 wrote in the golden st
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
+
+from broker.client import Admin, Message, PullConsumer
+from broker.client.transaction_producer import LocalTransactionState, TransactionCheck, TransactionProducer
+from broker.remoting.command import RemotingCommand
+from broker.remoting.transport import SyncRemotingClient
 
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.headers import EndTransactionRequestHeader, SendMessageRequestHeader
@@ -39,6 +45,7 @@ from broker.store.topics import (
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
 )
+from tests.broker_harness import cluster, drain, start_broker, start_namesrv, stored_messages, wait_until
 from tests.store_harness import DispatchedStore
 
 CLUSTER, BROKER, ADDR = "DefaultCluster", "broker-a", "127.0.0.1:10911"
@@ -294,3 +301,180 @@ def test_records_match_apaches_half_commit_and_op_records(golden_store):
         assert (ours.topic, ours.queue_id, ours.body, ours.sys_flag, ours.flag, ours.properties_raw, ours.born_host) \
             == (op.topic, op.queue_id, op.body, op.sys_flag, op.flag, op.properties_raw, op.born_host)
 
+# =====================================================================================================
+# live: a real broker and our TransactionProducer
+# =====================================================================================================
+TOPIC = "TxTopic"
+# a check every second, after 1.5 s without an answer: an answer (milliseconds) always lands before the
+# next run could look at the same half again
+LIVE_CONFIG = {"transactionTimeOut": 1500, "transactionCheckInterval": 1000}
+
+
+def _store_records(store: Path) -> list[MessageRecord]:
+    """Every record of a running broker's commitlog, decoded with the store codec."""
+    return _golden_records(store)
+
+
+class LocalBook:
+    """The application's side: the outcome of each local transaction (by body), and the checks asked."""
+
+    def __init__(self, outcomes: dict[bytes, LocalTransactionState]) -> None:
+        self.outcomes = outcomes
+        self.checks: list[TransactionCheck] = []
+        self._cond = threading.Condition()
+
+    def execute(self, first: dict[bytes, LocalTransactionState]):
+        return lambda msg, result: first[msg.body]
+
+    def check(self, check: TransactionCheck) -> LocalTransactionState:
+        with self._cond:
+            self.checks.append(check)
+            self._cond.notify_all()
+        return self.outcomes[check.message.body]
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    with cluster(tmp_path_factory.mktemp("txn"), LIVE_CONFIG) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def flows(broker):
+    """Commit, rollback and unknown-then-checked transactions, once for the module's tests."""
+    C, R, U = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
+               LocalTransactionState.UNKNOW)
+    first = {b"commit-1": C, b"commit-2": C, b"commit-3": C, b"rollback-1": R, b"rollback-2": R,
+             b"unknown-then-commit": U, b"unknown-then-rollback": U}
+    book = LocalBook({**first, b"unknown-then-commit": C, b"unknown-then-rollback": R})
+    with TransactionProducer("PG_TX", broker.namesrv, check_listener=book.check) as producer:
+        results = {body: producer.send_in_transaction(Message(TOPIC, body, tags="T", properties={"n": body.decode()}),
+                                                      book.execute(first)) for body in first}
+        with Admin(broker.namesrv) as admin:
+            wait_until(lambda: stored_messages(admin, broker.addr, TOPIC) >= 4, "4 committed messages in TxTopic")
+        wait_until(lambda: len(book.checks) >= 2, "the two unknown transactions checked")
+    return results, book
+
+
+def test_transaction_outcomes_reach_the_producer(flows):
+    results, _ = flows
+    assert {body.decode(): r.local_state.name for body, r in results.items()} == {
+        "commit-1": "COMMIT_MESSAGE", "commit-2": "COMMIT_MESSAGE", "commit-3": "COMMIT_MESSAGE",
+        "rollback-1": "ROLLBACK_MESSAGE", "rollback-2": "ROLLBACK_MESSAGE", "unknown-then-commit": "UNKNOW",
+        "unknown-then-rollback": "UNKNOW"}
+    assert all(r.send_result.status.name == "SEND_OK" for r in results.values())
+
+
+def test_consumers_see_exactly_the_committed_messages(broker, flows):
+    _, book = flows
+    assert sorted(c.message.body for c in book.checks) == [b"unknown-then-commit", b"unknown-then-rollback"]
+    with Admin(broker.namesrv) as admin:
+        assert stored_messages(admin, broker.addr, TOPIC) == 4
+    with PullConsumer("CG_TX", broker.namesrv) as consumer:
+        msgs = drain(consumer, TOPIC)
+    assert sorted(m.payload for m in msgs) == [b"commit-1", b"commit-2", b"commit-3", b"unknown-then-commit"]
+    assert {m.properties["n"] for m in msgs} == {"commit-1", "commit-2", "commit-3", "unknown-then-commit"}
+
+
+def test_the_store_holds_apaches_half_op_and_commit_records(broker, flows):
+    results, book = flows
+    records = _store_records(broker.store)
+    by_offset = {r.physical_offset: r for r in records}
+    halves = [r for r in records if r.topic == TRANS_HALF_TOPIC]
+    ops = {int(r.body): r for r in records if r.topic == TRANS_OP_HALF_TOPIC}
+    committed = {r.body: r for r in records if r.topic == TOPIC}
+    assert sorted(committed) == [b"commit-1", b"commit-2", b"commit-3", b"unknown-then-commit"]
+    for body, result in results.items():
+        half = by_offset[decode_offset_msg_id(result.send_result.offset_msg_id).physical_offset]
+        props = half.properties
+        assert (half.topic, half.queue_id, half.queue_offset) == (TRANS_HALF_TOPIC, 0, result.send_result.queue_offset)
+        assert half.sys_flag & TRANSACTION_TYPE_MASK == TRANSACTION_NOT_TYPE
+        assert (props["REAL_TOPIC"], props["REAL_QID"], props["TRAN_MSG"], props["PGROUP"]) == (
+            TOPIC, str(result.send_result.queue.queue_id), "true", "PG_TX")
+        assert half.properties_raw == encode_properties(java_hashmap_order(props))
+        if body.startswith(b"unknown"):  # checked: a copy with TRANSACTION_CHECK_TIMES=1 was put back and ended
+            assert half.queue_offset not in ops
+            (copy,) = [h for h in halves if h.body == body and h.physical_offset != half.physical_offset]
+            assert copy.properties_raw == encode_properties(java_hashmap_order(dict(props, TRANSACTION_CHECK_TIMES="1")))
+            half = copy
+        op = ops[half.queue_offset]
+        assert (op.queue_id, op.tags, op.sys_flag, op.born_host) == (0, "d", 0, Host.parse(broker.addr))
+        if body in committed:
+            rec = committed[body]
+            assert rec.sys_flag & TRANSACTION_TYPE_MASK == TRANSACTION_COMMIT_TYPE
+            assert (rec.prepared_transaction_offset, rec.properties_raw, rec.queue_id) == (
+                half.physical_offset, half.properties_raw, result.send_result.queue.queue_id)
+    checked = {c.message.body: c for c in book.checks}
+    check = checked[b"unknown-then-commit"]
+    assert (check.message.topic, check.message.properties["TRANSACTION_CHECK_TIMES"]) == (TOPIC, "1")
+    assert check.transaction_id == results[b"unknown-then-commit"].send_result.msg_id
+
+
+def _end_two_way(addr: str, header: EndTransactionRequestHeader):
+    with SyncRemotingClient(addr) as client:
+        return client.invoke(RemotingCommand.request(RequestCode.END_TRANSACTION, header.to_ext()), timeout=5.0)
+
+
+def test_bad_end_transaction_is_refused_by_the_broker(broker, flows):
+    results, _ = flows
+    sent = results[b"rollback-1"].send_result
+    phy = decode_offset_msg_id(sent.offset_msg_id).physical_offset
+    with Admin(broker.namesrv) as admin:
+        before = admin.broker_runtime_info(broker.addr)["commitLogMaxOffset"]
+        for group, offset, remark in (("OtherGroup", phy, "The producer group wrong"),
+                                      ("PG_TX", phy + 1, "Find prepared transaction message failed")):
+            resp = _end_two_way(broker.addr, EndTransactionRequestHeader(
+                producer_group=group, tran_state_table_offset=sent.queue_offset, commit_log_offset=offset,
+                commit_or_rollback=TRANSACTION_COMMIT_TYPE, from_transaction_check=False, msg_id=sent.msg_id))
+            assert (resp.code, resp.remark) == (ResponseCode.SYSTEM_ERROR, remark)
+        assert admin.broker_runtime_info(broker.addr)["commitLogMaxOffset"] == before
+
+
+def test_a_half_open_when_the_broker_is_killed_is_resolved_by_the_check_after_restart(tmp_path):
+    ns, ns_addr = start_namesrv(tmp_path)
+    config = {"transactionTimeOut": 1000, "transactionCheckInterval": 500}
+    broker = start_broker(tmp_path / "store", ns_addr, config)
+    book = LocalBook({b"survivor": LocalTransactionState.COMMIT_MESSAGE})
+
+    def kill_then_commit(msg, result):  # the broker dies between the half and END_TRANSACTION
+        broker.kill()
+        return LocalTransactionState.COMMIT_MESSAGE
+
+    restarted = None
+    try:
+        with TransactionProducer("PG_KILL", ns_addr, check_listener=book.check, heartbeat_interval=0.2) as producer:
+            result = producer.send_in_transaction(Message(TOPIC, b"survivor"), kill_then_commit)
+            assert result.local_state is LocalTransactionState.COMMIT_MESSAGE
+            restarted = start_broker(tmp_path / "store", ns_addr, config, port=broker.port)
+            with Admin(ns_addr) as admin:
+                wait_until(lambda: stored_messages(admin, restarted.addr, TOPIC) >= 1, "the checked commit")
+            with PullConsumer("CG_KILL", ns_addr) as consumer:
+                assert [m.payload for m in drain(consumer, TOPIC)] == [b"survivor"]
+        assert [c.message.body for c in book.checks] == [b"survivor"]
+    finally:
+        if restarted is not None:
+            restarted.stop()
+        broker.kill()
+        ns.kill()
+        ns.wait(10)
+
+
+def test_a_half_checked_transaction_check_max_times_is_discarded(broker, flows):
+    """transactionCheckMax changed while the broker runs (UPDATE_BROKER_CONFIG): checked once, then discarded."""
+    book = LocalBook({b"undecided": LocalTransactionState.UNKNOW})
+    with Admin(broker.namesrv) as admin:
+        admin.update_broker_config(broker.addr, {"transactionCheckMax": "1"})
+        try:
+            with TransactionProducer("PG_MAX", broker.namesrv, check_listener=book.check) as producer:
+                producer.send_in_transaction(Message("TxUndecided", b"undecided"),
+                                             lambda msg, result: LocalTransactionState.UNKNOW)
+                wait_until(lambda: stored_messages(admin, broker.addr, TRANS_CHECK_MAX_TIME_TOPIC) >= 1,
+                           "the half discarded to TRANS_CHECK_MAX_TIME_TOPIC")
+        finally:
+            admin.update_broker_config(broker.addr, {"transactionCheckMax": "15"})
+        assert stored_messages(admin, broker.addr, "TxUndecided") == 0
+        assert stored_messages(admin, broker.addr, TRANS_CHECK_MAX_TIME_TOPIC) == 1
+    assert [c.message.properties["TRANSACTION_CHECK_TIMES"] for c in book.checks] == ["1"]
+    (discarded,) = [r for r in _store_records(broker.store) if r.topic == TRANS_CHECK_MAX_TIME_TOPIC]
+    assert (discarded.body, discarded.queue_id, discarded.properties["TRANSACTION_CHECK_TIMES"],
+            discarded.properties["REAL_TOPIC"]) == (b"undecided", 0, "1", "TxUndecided")
