@@ -287,8 +287,9 @@ def test_records_match_apaches_half_commit_and_op_records(golden_store):
     for commit in commits:
         half = by_offset[commit.prepared_transaction_offset]
         sent = {k: v for k, v in half.properties.items() if k not in ("REAL_TOPIC", "REAL_QID")}
-        as_sent = MessageRecord(topic=half.properties["REAL_TOPIC"], body=half.body, properties_raw=encode_properties(sent),
-                                queue_id=int(half.properties["REAL_QID"]), sys_flag=commit.sys_flag & ~0xC | 0x4,
+        as_sent = MessageRecord(topic=half.properties["REAL_TOPIC"], body=half.body,
+                                properties_raw=encode_properties(sent), queue_id=int(half.properties["REAL_QID"]),
+                                sys_flag=commit.sys_flag & ~TRANSACTION_TYPE_MASK | TRANSACTION_PREPARED_TYPE,
                                 born_host=half.born_host)
         ours = half_of(as_sent)
         assert (ours.topic, ours.queue_id, ours.sys_flag, ours.properties_raw) == (
@@ -395,7 +396,8 @@ def test_the_store_holds_apaches_half_op_and_commit_records(broker, flows):
         if body.startswith(b"unknown"):  # checked: a copy with TRANSACTION_CHECK_TIMES=1 was put back and ended
             assert half.queue_offset not in ops
             (copy,) = [h for h in halves if h.body == body and h.physical_offset != half.physical_offset]
-            assert copy.properties_raw == encode_properties(java_hashmap_order(dict(props, TRANSACTION_CHECK_TIMES="1")))
+            assert copy.properties_raw == encode_properties(java_hashmap_order(dict(props,
+                                                                                    TRANSACTION_CHECK_TIMES="1")))
             half = copy
         op = ops[half.queue_offset]
         assert (op.queue_id, op.tags, op.sys_flag, op.born_host) == (0, "d", 0, Host.parse(broker.addr))
