@@ -480,3 +480,39 @@ def test_a_half_checked_transaction_check_max_times_is_discarded(broker, flows):
     (discarded,) = [r for r in _store_records(broker.store) if r.topic == TRANS_CHECK_MAX_TIME_TOPIC]
     assert (discarded.body, discarded.queue_id, discarded.properties["TRANSACTION_CHECK_TIMES"],
             discarded.properties["REAL_TOPIC"]) == (b"undecided", 0, "1", "TxUndecided")
+
+
+def test_the_lake_shows_the_transaction_records_and_the_audit_finds_them_resolved(spark, broker, flows, tmp_path):
+    """One Spark test: ingest (inside the audit job) of the live broker's store, then the ``messages``
+    rows of the flows' half, op and committed records, and no transaction finding about them."""
+    from pipelines.job_args import StoreSpec
+    from pipelines.lake import open_table
+    from pipelines.reports.audit import run_audit
+    from schemas.reports import COMMIT_WITHOUT_HALF, TRANSACTION_UNRESOLVED
+
+    results, _ = flows
+    result = run_audit(spark, [StoreSpec("txn", str(broker.store))], str(tmp_path / "lake"))
+    rows = open_table(tmp_path / "lake", "messages").to_pyarrow_table().to_pylist()
+    by_offset = {r["commitlog_offset"]: r for r in rows}
+    ops = {int(r["body"]): r for r in rows if r["topic"] == TRANS_OP_HALF_TOPIC}
+    for body, sent in results.items():
+        half = by_offset[decode_offset_msg_id(sent.send_result.offset_msg_id).physical_offset]
+        assert (half["topic"], half["real_topic"], half["transaction_type"], half["uniq_key"]) == (
+            TRANS_HALF_TOPIC, TOPIC, "NOT", sent.send_result.msg_id)
+        copies = sorted((r for r in rows if r["topic"] == TRANS_HALF_TOPIC and r["uniq_key"] == half["uniq_key"]),
+                        key=lambda r: r["commitlog_offset"])
+        assert len(copies) == (2 if body.startswith(b"unknown") else 1)
+        last = copies[-1]
+        op = ops[last["queue_offset"]]
+        assert (op["transaction_type"], op["tags"], op["queue_id"]) == ("NOT", "d", 0)
+        commits = [r for r in rows if r["transaction_type"] == "COMMIT" and r["uniq_key"] == half["uniq_key"]]
+        if body in (b"commit-1", b"commit-2", b"commit-3", b"unknown-then-commit"):
+            (commit,) = commits
+            assert (commit["topic"], commit["prepared_transaction_offset"], commit["body"]) == (
+                TOPIC, last["commitlog_offset"], body)
+        else:
+            assert commits == []
+    mine = {sent.send_result.msg_id for sent in results.values()}
+    findings = result.findings.to_pylist()
+    assert [f for f in findings if f["kind"] == COMMIT_WITHOUT_HALF] == []
+    assert [f for f in findings if f["kind"] == TRANSACTION_UNRESOLVED and any(k in f["detail"] for k in mine)] == []
