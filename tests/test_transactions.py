@@ -23,7 +23,7 @@ from broker.server.metadata import BrokerMetadata
 from broker.server.processors import BrokerCore, Request
 from broker.server.send_draft import SendDrafter
 from broker.server.settings import BrokerSettings
-from broker.server.transaction_check import TransactionCheckService
+from broker.server.transaction_check import CheckRun, TransactionCheckService
 from broker.server.transaction_records import committed_of, half_of, op_record
 from broker.engine.store_settings import StoreSettings
 from broker.store.config_files import TopicConfig
@@ -210,6 +210,8 @@ def test_a_bad_commit_or_rollback_value_is_refused(txn):
 
 
 def test_check_service_reputs_an_open_half_then_discards_it_after_check_max(txn):
+    assert txn.checker.check_once() == CheckRun()  # no half yet: nothing to do, no half topic created
+    assert txn.metadata.topics.get(TRANS_HALF_TOPIC) is None
     ok(txn.send_half(b"open"))
     ended = ok(txn.send_half(b"ended"))
     ok(txn.end(ended, TRANSACTION_COMMIT_TYPE))
@@ -228,6 +230,7 @@ def test_check_service_reputs_an_open_half_then_discards_it_after_check_max(txn)
     offsets = txn.metadata.consumer_offsets
     assert offsets.query_offset(TRANS_CHECK_CONSUMER_GROUP, TRANS_HALF_TOPIC, 0) == 2
     assert offsets.query_offset(TRANS_CHECK_CONSUMER_GROUP, TRANS_OP_HALF_TOPIC, 0) == 1  # the op is used up
+    assert txn.metadata.topics.get(TRANS_HALF_TOPIC).read_queue_nums == 1
     txn.now += 6_001
     run = txn.checker.check_once()
     txn.store.caught_up()
@@ -244,7 +247,7 @@ def test_check_service_reputs_an_open_half_then_discards_it_after_check_max(txn)
     assert offsets.query_offset(TRANS_CHECK_CONSUMER_GROUP, TRANS_HALF_TOPIC, 0) == 4
     assert txn.metadata.topics.get(TRANS_CHECK_MAX_TIME_TOPIC).read_queue_nums == 1
     txn.now += 60_000
-    assert txn.checker.check_once() == type(run)()  # nothing open any more
+    assert txn.checker.check_once() == CheckRun()  # nothing open any more
 
 
 def test_check_immunity_time_puts_the_half_back_until_it_passes(txn):

@@ -142,7 +142,10 @@ class TransactionCheckService:
         run = CheckRun()
         with self._lock:
             config = self.core.metadata.topics.get(TRANS_HALF_TOPIC)
-            if config is None:  # TransactionalMessageBridge.selectTopicConfig creates it (1 queue, RW)
+            if config is None:
+                if self.core.store.max_offset(TRANS_HALF_TOPIC, 0) == 0:
+                    return run  # no half message was ever stored: no config to create (Apache creates it anyway)
+                # TransactionalMessageBridge.selectTopicConfig: created on first use, 1 queue, read/write
                 config = self.core.metadata.topics.create_topic_in_send_back(TRANS_HALF_TOPIC, 1)
                 self.core.on_topics_changed()
             for queue_id in range(config.read_queue_nums):
