@@ -10,10 +10,11 @@ that owns the store, the consumer offsets and the client registry). Every
    restarted broker resumes where the last run stopped;
 2. op records from the op offset on say which half offsets are ended (their body is the half's queue
    offset): ended halves are skipped, and the op offset advances over the ops it has used up;
-3. an open half is discarded to ``TRANS_CHECK_MAX_TIME_TOPIC`` once it has been checked
-   ``transactionCheckMax`` times (its ``TRANSACTION_CHECK_TIMES``) or is older than the store's 72 h
-   file reserve time; a half stored after the run started, or born less than ``transactionTimeOut``
-   ms ago (or its ``CHECK_IMMUNITY_TIME_IN_SECONDS``), ends the queue's run (later ones are younger);
+3. a half stored after the run started ends the queue's run; an open half is discarded to
+   ``TRANS_CHECK_MAX_TIME_TOPIC`` once it has been checked ``transactionCheckMax`` times (its
+   ``TRANSACTION_CHECK_TIMES``) or is older than the store's 72 h file reserve time; one born less than
+   ``transactionTimeOut`` ms ago (or its ``CHECK_IMMUNITY_TIME_IN_SECONDS``) ends the run too (later
+   ones are younger);
 4. otherwise it is checked: put again at the end of the half queue with ``TRANSACTION_CHECK_TIMES``
    counted up (the copy the producer's answer must name), and CHECK_TRANSACTION_STATE (oneway) goes
    to one connection of the producer group in ``PGROUP``, with the message in the body.
@@ -23,8 +24,12 @@ A half whose immunity time has not passed is put back at the end of the queue wi
 and an op record naming that first offset ends it too.
 
 Requests to the producer go through a :class:`~broker.server.client_calls.ClientCaller` (the network
-process holding the connection sends them). Deliberate difference: when putting a half back fails the
-queue's run ends (Apache retries the same offset until its 60 s per-queue limit).
+process holding the connection sends them). Deliberate differences: a half stored during the run (a
+copy the run itself put back) ends the queue's run before the discard rule is asked, so the producer
+always has until the next run to answer its last check (Apache asks the discard rule first, and
+discards the copy of the last allowed check at once when the dispatcher has already queued it); when
+putting a half back fails the queue's run ends (Apache retries the same offset until its 60 s
+per-queue limit).
 """
 
 from __future__ import annotations
@@ -177,14 +182,14 @@ class TransactionCheckService:
                     break
                 new_offset = i = got.next_begin_offset  # an illegal offset: go on from where the store says
                 continue
+            if half.store_timestamp >= start:
+                break  # stored during this run (a copy this run put back among them)
             props = half.properties
             if self._need_discard(props, check_max) or start - half.born_timestamp > FILE_RESERVED_TIME_MS:
                 self._discard(half)
                 run.discarded.append(props.get(PROPERTY_UNIQ_KEY, ""))
                 new_offset = i = i + 1
                 continue
-            if half.store_timestamp >= start:
-                break  # stored during this run (a copy this run put back among them)
             age = self._now() - half.born_timestamp
             immunity_text = props.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
             immunity = timeout_ms
