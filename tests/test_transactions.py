@@ -22,7 +22,8 @@ from broker.remoting.headers import EndTransactionRequestHeader, SendMessageRequ
 from broker.server.metadata import BrokerMetadata
 from broker.server.processors import BrokerCore, Request
 from broker.server.send_draft import SendDrafter
-from broker.server.settings import BrokerSettings
+from broker.server.settings import BrokerSettings, SettingsError
+from broker.server.settings.loading import read_config_file, settings_from_mapping
 from broker.server.transaction_check import CheckRun, TransactionCheckService
 from broker.server.transaction_records import committed_of, half_of, op_record
 from broker.engine.store_settings import StoreSettings
@@ -143,6 +144,19 @@ def test_reject_transaction_message_refuses_half_messages(txn):
     assert (reply.code, reply.remark) == (ResponseCode.NO_PERMISSION,
                                           "the broker[127.0.0.1] sending transaction message is forbidden")
     assert txn.store.commitlog_max_offset == before
+
+
+def test_an_apache_broker_conf_sets_the_transaction_settings(tmp_path):
+    """``rejectTransactionMessage=true`` was refused as a missing feature; now it is a setting."""
+    conf = tmp_path / "broker.conf"
+    conf.write_text("rejectTransactionMessage=true\ntransactionTimeOut=3000\ntransactionCheckMax=5\n"
+                    "transactionCheckInterval=10000\n")
+    source, data = read_config_file(conf)
+    s = settings_from_mapping(data, source)
+    assert (s.reject_transaction_message, s.transaction_time_out, s.transaction_check_max,
+            s.transaction_check_interval) == (True, 3000, 5, 10_000)
+    with pytest.raises(SettingsError, match="transactionCheckInterval must be >= 1"):
+        settings_from_mapping({"transactionCheckInterval": 0})
 
 
 def test_commit_restores_the_message_and_writes_the_op_record(txn):
