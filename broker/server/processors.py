@@ -85,10 +85,10 @@ from broker.store.constants import (
     MAX_PROPERTIES_LENGTH,
     NAME_VALUE_SEPARATOR,
     PROPERTY_CLUSTER,
-    PROPERTY_DELAY,
     PROPERTY_SEPARATOR,
     PROPERTY_UNIQ_KEY,
 )
+from broker.store.delay import delay_level_of
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord
 from broker.store.message_id import UniqKeyGenerator
@@ -179,12 +179,6 @@ MESSAGE_ILLEGAL_REMARK = ("the message is illegal, maybe msg body or properties 
 
 def _error(code: int, remark: str) -> Reply:
     return Reply(code=code, remark=remark)
-
-
-def _delay_level(props: dict[str, str]) -> int:
-    """``Message.getDelayTimeLevel``: DELAY as a number, 0 when absent or not one."""
-    text = props.get(PROPERTY_DELAY, "").strip()
-    return int(text) if text.lstrip("-").isdigit() else 0
 
 
 def _topic_config_text(config: TopicConfig) -> str:
@@ -418,7 +412,7 @@ class BrokerCore:
         rec = MessageRecord(topic=topic, body=req.body, properties_raw=raw, queue_id=queue_id, flag=h.flag,
                             sys_flag=h.sys_flag, born_timestamp=h.born_timestamp, born_host=born,
                             store_host=self.store_host, reconsume_times=reconsume)
-        if is_transaction_send(props) and not (reconsume > 0 and _delay_level(props) > 0):
+        if is_transaction_send(props) and not (reconsume > 0 and (delay_level_of(props) or 0) > 0):
             # SendMessageProcessor: a half message (a sent-back retry of one, as 4.6.1- clients send, is not)
             if self.settings.reject_transaction_message:
                 return _error(ResponseCode.NO_PERMISSION,
