@@ -150,6 +150,8 @@ CQ_PHY_NOT_INCREASING = "cq_phy_not_increasing"
 INDEX_MISSING_KEY = "index_missing_key"
 DUPLICATE_UNIQ_KEY = "duplicate_uniq_key"
 PAYLOAD_QUARANTINED = "payload_quarantined"
+TRANSACTION_UNRESOLVED = "transaction_unresolved"
+COMMIT_WITHOUT_HALF = "commit_without_half"
 AUDIT_KINDS: tuple[str, ...] = (
     fk.CRC_MISMATCH,
     fk.CORRUPT_REGION,
@@ -162,6 +164,8 @@ AUDIT_KINDS: tuple[str, ...] = (
     INDEX_MISSING_KEY,
     DUPLICATE_UNIQ_KEY,
     PAYLOAD_QUARANTINED,
+    TRANSACTION_UNRESOLVED,
+    COMMIT_WITHOUT_HALF,
 )
 
 AUDIT_FINDINGS = TableContract(

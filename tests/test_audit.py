@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import io
 import logging
 import shutil
@@ -113,9 +114,10 @@ def test_job_output_and_exit_code(audited):
     assert audited.rc == 0  # findings are data, not a failure
     width = max(map(len, A.KINDS))
     counts = {A.CRC_MISMATCH: 1, A.CORRUPT_REGION: 1, A.CQ_DANGLING: 2, A.CQ_MISMATCH: 1 + 89, A.CQ_MISSING: 3,
-              A.CQ_OFFSET_GAP: 1, A.CQ_PHY_NOT_INCREASING: 1, A.INDEX_MISSING_KEY: 1, A.DUPLICATE_UNIQ_KEY: 1}
+              A.CQ_OFFSET_GAP: 1, A.CQ_PHY_NOT_INCREASING: 1, A.INDEX_MISSING_KEY: 1, A.DUPLICATE_UNIQ_KEY: 1,
+              A.TRANSACTION_UNRESOLVED: 1, A.COMMIT_WITHOUT_HALF: 1}
     assert audited.out[:-1] == [f"audit {k:<{width}} {counts.get(k, 0)}" for k in A.KINDS]
-    assert audited.out[-1].startswith("audit 101 findings (golden 0, damaged 101), 12 topic-day rows, run ")
+    assert audited.out[-1].startswith("audit 103 findings (golden 0, damaged 103), 12 topic-day rows, run ")
 
 
 def test_golden_store_has_no_findings_and_stats_reconcile(audited, golden_records, golden_meta):
@@ -174,6 +176,10 @@ def test_damaged_store_findings(audited):
     assert by_kind[A.CORRUPT_REGION]["detail"].startswith("corrupt_region: zeroed region inside the log")
     assert by_kind[A.DUPLICATE_UNIQ_KEY]["detail"].endswith("(2 copies): a producer retry stored twice")
     assert by_kind[A.INDEX_MISSING_KEY]["detail"].startswith("key '")
+    assert by_kind[A.TRANSACTION_UNRESOLVED]["detail"].endswith(
+        "(1 copies, newest at queue offset 0) has no op record: never committed or rolled back")
+    assert by_kind[A.TRANSACTION_UNRESOLVED]["topic"] == "RMQ_SYS_TRANS_HALF_TOPIC"
+    assert by_kind[A.COMMIT_WITHOUT_HALF]["detail"].endswith("where no half message is")
 
 
 def test_other_brokers_rows_stay(audited):
@@ -294,6 +300,26 @@ def _damage(store: Path, records: list[dict]) -> set[tuple]:
     _patch(Path(seg), pos, bytes(r["storeSize"]))
     expect.add((A.CORRUPT_REGION, seg, pos, r["phyOffset"]))
     expect.add((A.CQ_DANGLING, *_cq_place(store, "TopicOrders", 3, r["cqLogicOffset"]), r["phyOffset"]))
+
+    # 9. a COMMIT record whose PREPAREDTRANSACTIONOFFSET names itself, not its half: a commit without a half
+    commit = next(r for r in records if r["transactionType"] == "COMMIT" and r["phyOffset"] not in used
+                  and by_phy[r["preparedTransactionOffset"]]["topic"] == "RMQ_SYS_TRANS_HALF_TOPIC")
+    rec = CommitLog.open(store).read_record(commit["phyOffset"])
+    seg, pos = _cl_place(store, commit["phyOffset"])
+    _patch(Path(seg), pos, dataclasses.replace(rec, prepared_transaction_offset=commit["phyOffset"]).encode())
+    expect.add((A.COMMIT_WITHOUT_HALF, seg, pos, commit["phyOffset"]))
+    used.add(commit["phyOffset"])
+
+    # 10. an op record rewritten to end another half (body "0" -> "9", BODYCRC recomputed): the half at
+    #     queue offset 0 is left without an op record
+    op = next(r for r in records if r["topic"] == "RMQ_SYS_TRANS_OP_HALF_TOPIC" and r["bodyRawBase64"] == "MA==")
+    half = next(r for r in records if r["topic"] == "RMQ_SYS_TRANS_HALF_TOPIC" and r["queueOffset"] == 0)
+    assert half["phyOffset"] not in used and op["phyOffset"] not in used
+    rec = CommitLog.open(store).read_record(op["phyOffset"])
+    seg, pos = _cl_place(store, op["phyOffset"])
+    _patch(Path(seg), pos, dataclasses.replace(rec, body=b"9", body_crc=None).encode())
+    expect.add((A.TRANSACTION_UNRESOLVED, *_cl_place(store, half["phyOffset"]), half["phyOffset"]))
+    used |= {op["phyOffset"], half["phyOffset"]}
 
     # a topic deleted on the broker (DELETE_TOPIC_IN_BROKER): its queues are gone and its records lie
     # below the fence the broker saved; they are not missing units (no finding expected)

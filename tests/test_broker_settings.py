@@ -85,8 +85,15 @@ def test_every_setting_is_declared_once_with_name_type_default_and_doc():
     assert {k for k, f in SETTING_FIELDS.items() if f.metadata["ours"]} == {
         "listenHost", "requestProcesses", "maxFrameLength", "aclFilePath"}
     assert RUNTIME_KEYS == {"maxTransferCountOnMessageInMemory", "maxTransferBytesOnMessageInMemory",
-                            "longPollingEnable", "shortPollingTimeMills", "clientChannelMaxIdleTimeSeconds"}
+                            "longPollingEnable", "shortPollingTimeMills", "clientChannelMaxIdleTimeSeconds",
+                            "rejectTransactionMessage", "transactionTimeOut", "transactionCheckMax",
+                            "transactionCheckInterval"}
     d = settings_dict(BrokerSettings(request_processes=3))
+    # BrokerConfig's transaction defaults; the check service and the send path read them per run/request
+    assert {k: d[k] for k in ("rejectTransactionMessage", "transactionTimeOut", "transactionCheckMax",
+                              "transactionCheckInterval")} == {
+        "rejectTransactionMessage": "false", "transactionTimeOut": "6000", "transactionCheckMax": "15",
+        "transactionCheckInterval": "60000"}
     assert list(d) == sorted(SETTING_FIELDS)
     assert {k: d[k] for k in ("checkCRCOnRecover", "brokerIP1", "maxTransferCountOnMessageInMemory",
                               "maxTransferBytesOnMessageInMemory", "longPollingEnable", "shortPollingTimeMills",

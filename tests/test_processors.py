@@ -892,7 +892,7 @@ def test_drafted_send_writes_the_same_bytes_as_the_full_path(tmp_path, peer):
         for i, (queue_id, props) in enumerate([(0, {"UNIQ_KEY": "U0", "TAGS": "a", "KEYS": "k0 k1"}),
                                                (1, {"UNIQ_KEY": "U1", "WAIT": "true"}),
                                                (-1, {"UNIQ_KEY": "U2", "ünï": "çødé"}),
-                                               (0, {"UNIQ_KEY": "U3", "TRAN_MSG": "true"})]):
+                                               (0, {"UNIQ_KEY": "U3", "PGROUP": "PG"})]):
             ext = SendMessageRequestHeader(producer_group="PG", topic="Orders", default_topic=DEFAULT_TOPIC,
                                            default_topic_queue_nums=4, queue_id=queue_id, sys_flag=4 * (i == 3),
                                            born_timestamp=1_700_000_000_000 + i, flag=i,
@@ -915,7 +915,7 @@ def test_drafted_send_writes_the_same_bytes_as_the_full_path(tmp_path, peer):
 
 
 def test_sends_that_are_not_plain_are_not_drafted():
-    """Batches, retry topics, DELAY, a 5.2 property CRC, refused names and forbidden topics go the
+    """Batches, retry topics, DELAY, TRAN_MSG, a 5.2 property CRC, refused names and forbidden topics go the
     full way (the store process decides them; refusals are answered in one place)."""
     drafter = SendDrafter(CLUSTER, Host.parse(ADDR), MAX_BODY)
 
@@ -933,6 +933,7 @@ def test_sends_that_are_not_plain_are_not_drafted():
     assert draft(topic="%RETRY%CG") is None
     assert draft(props={"DELAY": "3"}) is None
     assert draft(props={"__CRC32#": "0000000000"}) is None
+    assert draft(props={"TRAN_MSG": "true"}) is None  # a half message: the store process moves it
     assert draft(topic="bad/topic") is None
     assert draft(topic="SCHEDULE_TOPIC_XXXX") is None
     assert draft(body=b"x" * (MAX_BODY + 1)) is None

@@ -23,7 +23,12 @@ from broker.remoting.command import RemotingCommand
 from broker.remoting.tls import ClientTlsConfig
 from broker.remoting.headers import SendMessageRequestHeader
 from broker.store.batch import BatchItem, encode_batch
-from broker.store.constants import COMPRESSED_FLAG, DEFAULT_MAX_MESSAGE_SIZE
+from broker.store.constants import (
+    COMPRESSED_FLAG,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    PROPERTY_TRAN_MSG,
+    TRANSACTION_PREPARED_TYPE,
+)
 from broker.store.message_id import UniqKeyGenerator
 from broker.store.properties import encode_properties
 from broker.store.topics import DEFAULT_TOPIC, validate_topic
@@ -105,9 +110,11 @@ class Producer(ClientLifecycle):
     def __init__(self, group: str, namesrv_addr: str, *, send_timeout: float = 3.0, retry_times: int = 2,
                  max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, instance_name: str = "DEFAULT",
                  access_key: str | None = None, secret_key: str | None = None,
-                 security_token: str | None = None, tls: ClientTlsConfig | None = None) -> None:
+                 security_token: str | None = None, tls: ClientTlsConfig | None = None,
+                 heartbeat_interval: float = HEARTBEAT_INTERVAL_S) -> None:
         self.group = group
         self.credentials = session_credentials(access_key, secret_key, security_token)
+        self.heartbeat_interval = heartbeat_interval  # heartbeatBrokerInterval
         self.namesrv_addr = namesrv_addr
         self.send_timeout = self.timeout = send_timeout
         self.retry_times = retry_times
@@ -146,7 +153,7 @@ class Producer(ClientLifecycle):
         super().shutdown()
 
     def _heartbeats(self) -> None:
-        while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+        while not self._stop.wait(self.heartbeat_interval):
             for addr in list(self._greeted):
                 self._heartbeat(addr)
 
@@ -198,7 +205,8 @@ class Producer(ClientLifecycle):
     def _request(self, msg: Message, mq: MessageQueue, auto_create: bool, batch_body: bytes | None = None,
                  props: dict[str, str] | None = None) -> RemotingCommand:
         body = batch_body if batch_body is not None else msg.body
-        sys_flag = 0
+        # sendKernelImpl: a message marked TRAN_MSG is sent as a prepared (half) message
+        sys_flag = TRANSACTION_PREPARED_TYPE if (props or {}).get(PROPERTY_TRAN_MSG, "").lower() == "true" else 0
         if batch_body is None and len(body) >= COMPRESS_OVER:
             body = zlib.compress(body, COMPRESS_LEVEL)
             sys_flag |= COMPRESSED_FLAG

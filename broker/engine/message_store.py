@@ -69,6 +69,7 @@ from broker.store.constants import (
     is_queued,
     signed32,
 )
+from broker.store.delay import delay_level_of
 from broker.store.index_file import LONG_MAX
 from broker.store.java_hash import tags_code
 from broker.store.message import MessageRecord, RecordError, decode_record
@@ -598,7 +599,7 @@ class MessageStore:
             if len(rec.properties_bytes) > MAX_PROPERTIES_LENGTH:
                 return PutStatus.PROPERTIES_SIZE_EXCEEDED
             if batch:
-                level = _delay_level(rec.properties)
+                level = delay_level_of(rec.properties)
                 if (rec.topic, rec.queue_id) != (first.topic, first.queue_id) or level is None or level > 0 \
                         or rec.sys_flag & TRANSACTION_TYPE_MASK != TRANSACTION_NOT_TYPE:
                     return PutStatus.MESSAGE_ILLEGAL
@@ -620,7 +621,7 @@ class MessageStore:
         if not is_queued(rec.sys_flag) or _DELAY_KEY not in rec.properties_raw:
             return rec  # (the substring test only rules out; the parse below decides)
         props = rec.properties
-        level = _delay_level(props)
+        level = delay_level_of(props)
         if level is None:
             return None
         if level <= 0:
@@ -962,13 +963,3 @@ def _placed_record(placed: AppendResult | EncodedAppend) -> MessageRecord:
     return placed.record
 
 
-def _delay_level(props: dict[str, str]) -> int | None:
-    """The ``DELAY`` property as Java's ``Integer.parseInt`` reads it (0 if absent, None if invalid)."""
-    text = props.get(PROPERTY_DELAY)
-    if text is None:
-        return 0
-    try:
-        value = int(text, 10)
-    except ValueError:
-        return None
-    return value if -(1 << 31) <= value < (1 << 31) and text.strip() == text and "_" not in text else None

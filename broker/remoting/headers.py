@@ -34,7 +34,8 @@ __all__ = [
     "GetMinOffsetResponseHeader", "GetEarliestMsgStoretimeRequestHeader", "GetEarliestMsgStoretimeResponseHeader",
     "ViewMessageRequestHeader", "QueryMessageRequestHeader", "QueryMessageResponseHeader",
     "UnregisterClientRequestHeader", "CreateTopicRequestHeader", "GetConsumeStatsRequestHeader",
-    "GetTopicStatsInfoRequestHeader", "EndTransactionRequestHeader", "NotifyConsumerIdsChangedRequestHeader",
+    "GetTopicStatsInfoRequestHeader", "EndTransactionRequestHeader", "CheckTransactionStateRequestHeader",
+    "NotifyConsumerIdsChangedRequestHeader",
     "GetConsumerRunningInfoRequestHeader", "ResetOffsetRequestHeader",
     "GetConsumerConnectionListRequestHeader", "GetProducerConnectionListRequestHeader",
     "ConsumeMessageDirectlyResultRequestHeader", "GetConsumerStatusRequestHeader",
@@ -506,6 +507,20 @@ class EndTransactionRequestHeader(RequestHeader):
     from_transaction_check: bool | None = _f("fromTransactionCheck", "bool")
     msg_id: str = _f("msgId", required=True)
     transaction_id: str | None = _f("transactionId")
+
+
+@_header
+class CheckTransactionStateRequestHeader(RequestHeader):
+    """CHECK_TRANSACTION_STATE (39), broker to producer: the re-put half's queue offset and commitlog
+    offset (what the producer's END_TRANSACTION must name), its UNIQ_KEY and offset message id."""
+
+    CODES = (RequestCode.CHECK_TRANSACTION_STATE,)
+
+    tran_state_table_offset: int = _f("tranStateTableOffset", "long", required=True)
+    commit_log_offset: int = _f("commitLogOffset", "long", required=True)
+    msg_id: str | None = _f("msgId")
+    transaction_id: str | None = _f("transactionId")
+    offset_msg_id: str | None = _f("offsetMsgId")
 
 
 @_header

@@ -11,9 +11,10 @@ As Apache's ``AdminBrokerProcessor``:
   ``NO_PERMISSION`` (Apache's answer for keys it will not update); an unknown key, a bad value or a
   body that does not parse gets ``SYSTEM_ERROR`` (Apache's answer for an update it cannot read).
   Only :data:`~broker.server.settings.RUNTIME_KEYS` change at runtime: they are read per request
-  (pull limits, long/short polling, client expiry). Flush intervals, sizes, ports and identities are
-  fixed when the store and the network processes start, so they are refused rather than accepted
-  and not applied.
+  (pull limits, long/short polling, client expiry, rejectTransactionMessage) or per run of the
+  transaction check service (its timeout, check maximum and interval). Flush intervals, sizes,
+  ports and identities are fixed when the store and the network processes start, so they are
+  refused rather than accepted and not applied.
 
 An applied update is written back into the broker's config file (see
 :mod:`broker.server.settings.persist`) before it takes effect, so the broker restarts with it; a

@@ -6,7 +6,8 @@ Process layout (see the README's architecture section for the reasons):
   and stops them in order: network first (no new requests), then the store (flush, checkpoint,
   remove ``abort``).
 * **store process**: owns the store directory — CommitLog append and flush (group commit for
-  SYNC_FLUSH), the schedule service, the request layer's metadata (topics, groups, consumer and
+  SYNC_FLUSH), the schedule service, the transaction check service
+  (:mod:`broker.server.transaction_check`), the request layer's metadata (topics, groups, consumer and
   delay offsets: :class:`~broker.server.metadata.BrokerMetadata`), the client registry, and
   name-server registration (every 30 s and right after a topic is created). It serves the network
   processes over a Unix socket (:mod:`broker.server.ipc`) with
@@ -206,6 +207,9 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     server: IpcServer | None = None
     caller = IpcClientCaller(lambda pid, event: server.send_to(pid, event))
     core.admin_clients.caller = caller
+    from broker.server.transaction_check import TransactionCheckService
+
+    transaction_check = TransactionCheckService(core, caller)  # asks producers about open half messages
 
     def handle(req: Request):
         reply = core.process(req)
@@ -229,6 +233,7 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     store.add_dispatch_listener(growth.grew)
     server.start()
     registrar.start()
+    transaction_check.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -243,6 +248,7 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     stop.wait()
     log.info("store process stopping")
     registrar.stop()
+    transaction_check.stop()
     schedule.stop()
     server.close()
     dispatcher.stop()  # everything appended is in the consume queues and the index

@@ -64,6 +64,7 @@ from broker.server.filter.consumer_filter import Refusal, check_client_config, p
 from broker.engine.message_store import EncodedPut, GetStatus, MessageStore, PutResult, PutStatus
 from broker.server.metadata import BrokerMetadata
 from broker.server.send_back import consumer_send_back
+from broker.server.transaction_records import half_of, is_transaction_send
 from broker.server.send_draft import (
     NOT_ALLOWED_SEND_TOPICS,
     SendDraft,
@@ -87,12 +88,14 @@ from broker.store.constants import (
     PROPERTY_SEPARATOR,
     PROPERTY_UNIQ_KEY,
 )
+from broker.store.delay import delay_level_of
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord
 from broker.store.message_id import UniqKeyGenerator
 from broker.store.properties import decode_properties
 from broker.store.topics import (
     DEFAULT_TOPIC,
+    TRANS_HALF_TOPIC,
     InvalidTopicError,
     consumer_group_of,
     dlq_topic,
@@ -153,12 +156,13 @@ class PreparedSend:
     uniq_key: str | None
     encoded: bytes | None = None  # a drafted send's record, encoded by the network process (records: [])
     topic: str = ""
+    delay: bool = True  # whether DELAY may move it to the schedule topic (never a half message)
 
     def put(self) -> tuple[list[MessageRecord], bool, bool] | EncodedPut:
         """What ``MessageStore.put_many`` takes for this send."""
         if self.encoded is not None:
             return EncodedPut(self.encoded, self.topic, self.queue_id)
-        return self.records, self.batch, not self.batch
+        return self.records, self.batch, not self.batch and self.delay
 
     @property
     def count(self) -> int:
@@ -263,9 +267,11 @@ class BrokerCore:
 
         from broker.server.admin_clients import AdminClientHandlers  # it imports this module
         from broker.server.admin_config import install_config_handlers  # it builds on this module's Reply
+        from broker.server.end_transaction import EndTransactionHandler  # it builds on this module's Reply
 
         self.admin_clients = AdminClientHandlers(self)  # adds the admin requests about connected clients
         install_config_handlers(self, config_path)
+        EndTransactionHandler(self)
 
     # ---- entry -------------------------------------------------------------------------------------------
     def process(self, req: Request) -> Reply:
@@ -406,6 +412,15 @@ class BrokerCore:
         rec = MessageRecord(topic=topic, body=req.body, properties_raw=raw, queue_id=queue_id, flag=h.flag,
                             sys_flag=h.sys_flag, born_timestamp=h.born_timestamp, born_host=born,
                             store_host=self.store_host, reconsume_times=reconsume)
+        if is_transaction_send(props) and not (reconsume > 0 and (delay_level_of(props) or 0) > 0):
+            # SendMessageProcessor: a half message (a sent-back retry of one, as 4.6.1- clients send, is not)
+            if self.settings.reject_transaction_message:
+                return _error(ResponseCode.NO_PERMISSION,
+                              f"the broker[{self.settings.broker_ip1}] sending transaction message is forbidden")
+            # stored in the half topic; the reply names the half's ids with the real queue id, as Apache's.
+            # Never delayed: a delayed half would come back from the schedule topic as a half again
+            return PreparedSend([half_of(rec)], False, queue_id, props.get(PROPERTY_UNIQ_KEY), topic=TRANS_HALF_TOPIC,
+                                delay=False)
         return PreparedSend([rec], False, queue_id, props.get(PROPERTY_UNIQ_KEY), topic=topic)
 
     def _send_batch(self, h: SendMessageRequestHeader, body: bytes, topic: str, queue_id: int,

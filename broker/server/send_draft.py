@@ -14,7 +14,8 @@ processors use the same functions for every send, so each rule is written once.
 
 A send is drafted only when nothing in the second half can change its record: not a batch, not a
 retry topic (it may become the DLQ), no ``DELAY`` (the store moves it to the schedule topic), no
-5.2+ property CRC (it covers the store's fields). Anything else, and every refusal, goes the full
+``TRAN_MSG`` (a half message is stored in the half topic), no 5.2+ property CRC (it covers the
+store's fields). Anything else, and every refusal, goes the full
 way as a :class:`~broker.server.processors.Request`, so refusals are answered in one place.
 """
 
@@ -31,6 +32,7 @@ from broker.store.constants import (
     PROPERTY_CLUSTER,
     PROPERTY_CRC32,
     PROPERTY_DELAY,
+    PROPERTY_TRAN_MSG,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT,
     TOPIC_NAME_PATTERN,
@@ -145,7 +147,7 @@ class SendDrafter:
                 or len(body) > self.max_message_size:
             return None
         props = decode_properties(h.properties or "")
-        if PROPERTY_DELAY in props or PROPERTY_CRC32 in props:
+        if PROPERTY_DELAY in props or PROPERTY_CRC32 in props or PROPERTY_TRAN_MSG in props:
             return None
         raw = send_properties(props, self._uniq, self.cluster_name)
         if properties_too_long(raw):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.store.constants import DEFAULT_MESSAGE_DELAY_LEVEL
+from broker.store.constants import DEFAULT_MESSAGE_DELAY_LEVEL, PROPERTY_DELAY
 
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -28,3 +28,15 @@ def clamp_level(level: int, levels: list[int]) -> int:
 def deliver_timestamp(store_timestamp: int, level: int, levels: list[int]) -> int:
     """tagsCode of a SCHEDULE_TOPIC_XXXX unit: store time + the level's delay."""
     return store_timestamp + levels[clamp_level(level, levels) - 1]
+
+
+def delay_level_of(props: dict[str, str]) -> int | None:
+    """The ``DELAY`` property as Java's ``Integer.parseInt`` reads it (0 if absent, None if invalid)."""
+    text = props.get(PROPERTY_DELAY)
+    if text is None:
+        return 0
+    try:
+        value = int(text, 10)
+    except ValueError:
+        return None
+    return value if -(1 << 31) <= value < (1 << 31) and text.strip() == text and "_" not in text else None

@@ -19,6 +19,11 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+TRANS_CHECK_MAX_TIME_QUEUE_NUMS = 1  # DefaultTransactionalMessageCheckListener.TCMT_QUEUE_NUMS
+# MixAll.CID_SYS_RMQ_TRANS: the group whose consumer offsets on the half and op queues are the
+# transaction check's progress (config/consumerOffset.json), so a restarted broker resumes there
+TRANS_CHECK_CONSUMER_GROUP = "CID_RMQ_SYS_TRANS"
+TRANS_OP_REMOVE_TAG = "d"  # TransactionalMessageUtil.REMOVETAG: the tag of every op record
 DLQ_NUMS_PER_GROUP = 1
 DEFAULT_TOPIC = "TBW102"  # TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC: the template of auto-created topics
 DEFAULT_TOPIC_QUEUE_NUMS = 8  # defaultTopicQueueNums: the queues of DEFAULT_TOPIC when a broker first creates it

@@ -55,6 +55,16 @@ Finding kinds (:data:`KINDS`) and their rules:
     already has (a producer retry that was stored twice). Retry, DLQ and system topics are left
     out: redeliveries, delay rounds and transaction checks legitimately store a message again.
     file/offset: each later copy's commitlog file and position.
+``transaction_unresolved``
+    A transactional message whose half (``RMQ_SYS_TRANS_HALF_TOPIC``) never got an op record: no copy
+    of it (the half and the copies the transaction check put back, one UNIQ_KEY) has an op record in
+    ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` naming its queue offset, so it was never committed or rolled back
+    (so far: a transaction still in flight at ingest time is one too; one the broker gave up on was
+    copied to ``TRANS_CHECK_MAX_TIME_TOPIC``). One finding per transaction, at its newest copy.
+``commit_without_half``
+    A COMMIT record whose PREPAREDTRANSACTIONOFFSET is not the start of a half message (a record of
+    the half topic, or a PREPARED record of a pre-4.3 producer) the lake holds, judged only where the
+    lake holds records (an older half may have expired with its commitlog file).
 
 Why a full recompute each run is fine: the audit is a consistency check between tables that grow
 independently (a CQ unit or index entry ingested today can point at a record ingested last week,
@@ -81,6 +91,9 @@ from broker.store import findings as fk
 from broker.store.config_files import load_topic_fences, parse_config_text, topic_fences_from
 from broker.store.constants import (
     COMMITLOG_DIR,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_TYPE_NAMES,
     CONFIG_DIR,
     CONSUME_QUEUE_DIR,
     CQ_STORE_UNIT_SIZE,
@@ -99,6 +112,8 @@ from broker.store.topics import (
     RETRY_GROUP_TOPIC_PREFIX,
     SYSTEM_TOPIC_PREFIX,
     SYSTEM_TOPICS,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_HALF_TOPIC,
     WRAPPER_TOPICS,
 )
 from pipelines.job_args import StoreSpec
@@ -108,11 +123,13 @@ from schemas.messages import MESSAGES_SCHEMA, MESSAGES_TABLE
 from schemas.payloads import PAYLOAD_QUARANTINE_SCHEMA, PAYLOAD_QUARANTINE_TABLE
 from schemas.reports import (
     AUDIT_KINDS,
+    COMMIT_WITHOUT_HALF,
     CQ_OFFSET_REPEAT,
     CQ_PHY_NOT_INCREASING,
     DUPLICATE_UNIQ_KEY,
     INDEX_MISSING_KEY,
     PAYLOAD_QUARANTINED,
+    TRANSACTION_UNRESOLVED,
     AUDIT_FINDINGS_SCHEMA,
     AUDIT_FINDINGS_TABLE,
     TOPIC_DAILY_STATS_SCHEMA,
@@ -317,11 +334,13 @@ class AuditInputs:
     """
 
     records: object   # messages: broker_name, commitlog_offset, store_size, topic, queue_id, queue_offset,
-                      #   transaction_type, segment_file, uniq_key, keys, body_crc, body_crc_ok
+                      #   transaction_type, segment_file, uniq_key, keys, body_crc, body_crc_ok,
+                      #   prepared_transaction_offset, real_topic
     units: object     # consume_queue: broker_name, topic, queue_id, queue_offset, commitlog_offset, size
     entries: object   # index_entries without all-zero entries: broker_name, index_file, key_hash, commitlog_offset
     corrupt: object   # corrupt_records
     quarantine: object = None  # payload_quarantine: broker_name, commitlog_offset, topic, reason
+    ops: object = None  # op records (RMQ_SYS_TRANS_OP_HALF_TOPIC): broker_name, queue_id, half_offset
 
 
 def audit_inputs(messages, consume_queue, index_entries, corrupt_records, broker_names: Iterable[str],
@@ -332,7 +351,7 @@ def audit_inputs(messages, consume_queue, index_entries, corrupt_records, broker
     mine = F.col("broker_name").isin(*list(broker_names))
     records = messages.filter(mine).select(
         "broker_name", "commitlog_offset", "store_size", "topic", "queue_id", "queue_offset", "transaction_type",
-        "segment_file", "uniq_key", "keys", "body_crc", "body_crc_ok")
+        "segment_file", "uniq_key", "keys", "body_crc", "body_crc_ok", "prepared_transaction_offset", "real_topic")
     units = consume_queue.filter(mine).select("broker_name", "topic", "queue_id", "queue_offset",
                                               "commitlog_offset", "size")
     # an all-zero entry (zeroed, or a slot never written) is not an entry: it indexes nothing and
@@ -342,7 +361,10 @@ def audit_inputs(messages, consume_queue, index_entries, corrupt_records, broker
                                    ).select("broker_name", "index_file", "key_hash", "commitlog_offset")
     quarantine = (payload_quarantine.filter(mine).select("broker_name", "commitlog_offset", "topic", "reason")
                   if payload_quarantine is not None else None)
-    return AuditInputs(records, units, entries, corrupt_records.filter(mine), quarantine)
+    # op records: the half queue offset each one ends (its body, decimal text; null when not a number)
+    ops = messages.filter(mine & (F.col("topic") == TRANS_OP_HALF_TOPIC)).select(
+        "broker_name", "queue_id", F.expr("try_cast(cast(body AS string) AS bigint)").alias("half_offset"))
+    return AuditInputs(records, units, entries, corrupt_records.filter(mine), quarantine, ops)
 
 
 @dataclass(frozen=True)
@@ -574,6 +596,50 @@ def duplicate_uniq_key_findings(inputs: AuditInputs, layouts: list[StoreLayout])
         "commitlog_offset", "topic", "queue_id")
 
 
+def transaction_unresolved_findings(inputs: AuditInputs, layouts: list[StoreLayout]):
+    """``transaction_unresolved``: transactions (half copies of one UNIQ_KEY) none of whose copies an op
+    record ends; reported at the newest copy."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    c = F.col
+    halves = inputs.records.filter(c("topic") == TRANS_HALF_TOPIC).withColumn(
+        "txn_key", F.coalesce(c("uniq_key"), c("commitlog_offset").cast("string")))
+    ops = inputs.ops.select("broker_name", "queue_id", c("half_offset").alias("queue_offset"))
+    ended = halves.join(ops, ["broker_name", "queue_id", "queue_offset"], "left_semi").select(
+        "broker_name", "txn_key").distinct()
+    group = Window.partitionBy("broker_name", "txn_key")
+    open_ = (halves.join(ended, ["broker_name", "txn_key"], "left_anti")
+             .withColumn("newest", F.max("commitlog_offset").over(group))
+             .withColumn("copies", F.count(F.lit(1)).over(group))
+             .filter(c("commitlog_offset") == c("newest")))
+    return _finding(
+        _commitlog_location(open_, layouts), TRANSACTION_UNRESOLVED,
+        F.format_string("half message %s for %s (%d copies, newest at queue offset %d) has no op record: "
+                        "never committed or rolled back", c("txn_key"), F.coalesce(c("real_topic"), c("topic")),
+                        c("copies"), c("queue_offset")),
+        "commitlog_offset", "topic", "queue_id")
+
+
+def commit_without_half_findings(inputs: AuditInputs, layouts: list[StoreLayout], bounds: Bounds):
+    """``commit_without_half``: COMMIT records whose PREPAREDTRANSACTIONOFFSET names no half message."""
+    from pyspark.sql import functions as F
+
+    c = F.col
+    commit, prepared = TRANSACTION_TYPE_NAMES[TRANSACTION_COMMIT_TYPE >> 2], TRANSACTION_TYPE_NAMES[
+        TRANSACTION_PREPARED_TYPE >> 2]
+    rec_lo = _lookup({b: lo for b, (lo, _) in bounds.records.items()}, c("broker_name"), "bigint")
+    halves = inputs.records.filter((c("topic") == TRANS_HALF_TOPIC) | (c("transaction_type") == prepared)).select(
+        "broker_name", c("commitlog_offset").alias("prepared_transaction_offset"))
+    orphans = (inputs.records.filter((c("transaction_type") == commit) & (c("prepared_transaction_offset") >= rec_lo))
+               .join(halves, ["broker_name", "prepared_transaction_offset"], "left_anti"))
+    return _finding(
+        _commitlog_location(orphans, layouts), COMMIT_WITHOUT_HALF,
+        F.format_string("COMMIT record of %s/%d names commitlog offset %d as its half message, where no half "
+                        "message is", c("topic"), c("queue_id"), c("prepared_transaction_offset")),
+        "commitlog_offset", "topic", "queue_id")
+
+
 def audit_findings(inputs: AuditInputs, layouts: Iterable[StoreLayout], run_id: str, audited_at: datetime,
                    bounds: Bounds | None = None):
     """Every finding of the brokers in ``layouts`` as one DataFrame with the audit_findings columns.
@@ -591,6 +657,8 @@ def audit_findings(inputs: AuditInputs, layouts: Iterable[StoreLayout], run_id: 
         queue_offset_findings(inputs, layouts),
         index_findings(inputs, layouts, bounds),
         duplicate_uniq_key_findings(inputs, layouts),
+        transaction_unresolved_findings(inputs, layouts),
+        commit_without_half_findings(inputs, layouts, bounds),
     ]
     if inputs.quarantine is not None:
         parts.append(quarantine_findings(inputs, layouts))

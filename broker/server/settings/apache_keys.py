@@ -142,7 +142,6 @@ APACHE_ONLY_KEYS: dict[str, ApacheOnlyKey] = {
     "msgTraceTopicName": _off("the message trace topic is not created", "rmq_sys_trace_topic"),
     "messageStorePlugIn": _off("message store plug-ins are Java classes", ""),
     "brokerPermission": _off("the broker is always readable and writable (perm 6)", "6"),
-    "rejectTransactionMessage": _off("transactional messages are stored like any other", "false"),
     "fetchNamesrvAddrByAddressServer": _off("name server addresses come from namesrvAddr only", "false"),
     "highSpeedMode": _off("high speed mode is not implemented", "false"),
     "autoDeleteUnusedStats": _off("rocketlake keeps no per-topic statistics", "false"),

@@ -173,6 +173,17 @@ class BrokerSettings:
     acl_file_path: str = _s("aclFilePath", DEFAULT_ACL_FILE,
                             "the ACL file (Apache's plain_acl.yml); a relative path is taken from the config "
                             "file's directory, as Apache takes it from ROCKETMQ_HOME", ours=True)
+    # ---- transactional messages (BrokerConfig) ---------------------------------------------------------
+    reject_transaction_message: bool = _s("rejectTransactionMessage", False,
+                                          "refuse transactional (half) messages with NO_PERMISSION", runtime=True)
+    transaction_time_out: int = _s("transactionTimeOut", 6_000,
+                                   "ms after its born time a half message with no commit/rollback is checked "
+                                   "(CHECK_TRANSACTION_STATE to a producer of its group)", runtime=True)
+    transaction_check_max: int = _s("transactionCheckMax", 15,
+                                    "checks of one half message before it is discarded to TRANS_CHECK_MAX_TIME_TOPIC",
+                                    runtime=True)
+    transaction_check_interval: int = _s("transactionCheckInterval", 60_000,
+                                         "ms between runs of the transaction check service", runtime=True)
 
     def __post_init__(self) -> None:
         if self.flush_disk_type not in FLUSH_DISK_TYPES:
@@ -193,7 +204,7 @@ class BrokerSettings:
         for name in ("max_transfer_count_on_message_in_memory", "max_transfer_bytes_on_message_in_memory",
                      "short_polling_time_mills", "client_channel_max_idle_time_seconds", "flush_interval_commit_log",
                      "flush_interval_consume_queue", "flush_consumer_offset_interval", "sync_flush_timeout",
-                     "max_message_size", "max_frame_length"):
+                     "max_message_size", "max_frame_length", "transaction_check_interval"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{key_of(name)} must be >= 1, got {getattr(self, name)}")
         try:
