@@ -19,15 +19,10 @@ from broker.remoting.transport import SyncRemotingClient
 
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.headers import EndTransactionRequestHeader, SendMessageRequestHeader
-from broker.server.metadata import BrokerMetadata
-from broker.server.processors import BrokerCore, Request
-from broker.server.send_draft import SendDrafter
 from broker.server.settings import BrokerSettings, SettingsError
 from broker.server.settings.loading import read_config_file, settings_from_mapping
 from broker.server.transaction_check import CheckRun, TransactionCheckService
 from broker.server.transaction_records import committed_of, half_of, op_record
-from broker.engine.store_settings import StoreSettings
-from broker.store.config_files import TopicConfig
 from broker.store.constants import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
@@ -47,36 +42,21 @@ from broker.store.topics import (
     TRANS_OP_HALF_TOPIC,
 )
 from tests.broker_harness import cluster, drain, start_broker, start_namesrv, stored_messages, wait_until
-from tests.store_harness import DispatchedStore
+from tests.core_harness import ADDR, CLUSTER, PEER, Env
 
-CLUSTER, BROKER, ADDR = "DefaultCluster", "broker-a", "127.0.0.1:10911"
-PEER = "10.0.0.7:51000"
 START_MS = 1_800_000_000_000
 
 
 # =====================================================================================================
 # in-process: BrokerCore over a real store, a fake clock
 # =====================================================================================================
-class TxnEnv:
+class TxnEnv(Env):
+    """The handler tests' environment with a fake clock, and the check service over its core."""
+
     def __init__(self, root: Path, settings: BrokerSettings) -> None:
         self.now = START_MS
-        self.store = DispatchedStore(root, StoreSettings(fsync_metadata=False), clock=lambda: self.now)
-        self.store.open()
-        self.metadata = BrokerMetadata(self.store)
-        self.core = BrokerCore(self.store, self.metadata, cluster_name=CLUSTER, broker_name=BROKER,
-                               broker_addr=ADDR, max_message_size=4096, settings=settings)
-        self.metadata.topics.put(TopicConfig("Orders", 2, 2, 6))
-        self.drafter = SendDrafter(CLUSTER, Host.parse(ADDR), 4096)
+        super().__init__(root, clock=lambda: self.now, settings=settings)
         self.checker = TransactionCheckService(self.core, self.core.admin_clients.caller)
-
-    def ask(self, code: int, ext: dict[str, str], body: bytes = b""):
-        draft = self.drafter.draft(code, ext, body, PEER, ("c", 1))
-        if draft is not None:
-            (reply,) = self.core.send_messages([draft])
-        else:
-            reply = self.core.process(Request(code=code, ext=ext, body=body, channel=("c", 1), peer=PEER))
-        self.store.caught_up()
-        return reply
 
     def send_half(self, body: bytes = b"order-1", *, queue_id: int = 1, group: str = "PG", extra=None):
         props = {"KEYS": "k1", "TAGS": "TagA", "UNIQ_KEY": f"UNIQ-{body.decode()}", "TRAN_MSG": "true",
