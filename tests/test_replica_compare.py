@@ -1,0 +1,241 @@
+"""Master/slave store comparison (``rocketlake store compare``) and the audit's replica findings.
+
+Slaves are built the honest way: a prefix of a generated master's commitlog bytes, copied at the same
+offsets into pre-sized files, then opened as a store (recovery + dispatch build its consume queues and
+index, as a slave's own dispatcher does). Expectations come from the columnar decoder's rows of the
+master, not from the comparison's own walk.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from broker.cli import main as cli_main
+from broker.engine.message_store import MessageStore
+from broker.engine.store_settings import StoreSettings
+from broker.store.columnar import decode_range
+from broker.store.commitlog import CommitLog
+from broker.store.consume_queue import queue_dir
+from broker.store.generate import GenerateSpec, generate_store
+from broker.store.replica import AHEAD, DIVERGENT, IN_SYNC, LAGGING, ReplicaError, compare_stores
+
+SEG = 128 * 1024
+CQ_FILE = 6000
+SETTINGS = StoreSettings(segment_bytes=SEG, cq_file_bytes=CQ_FILE, index_slots=1000, index_entries=4000)
+
+
+@pytest.fixture(scope="module")
+def master(tmp_path_factory) -> Path:
+    store = tmp_path_factory.mktemp("replica") / "master"
+    generate_store(store, GenerateSpec(messages=1500, body_bytes=512, segment_bytes=SEG, cq_file_bytes=CQ_FILE,
+                                       index_slots=1000, index_entries=4000, seed=3))
+    return store
+
+
+@pytest.fixture(scope="module")
+def rows(master) -> list[dict]:
+    log = CommitLog.open(master)
+    out = []
+    for seg in log.segments:
+        table, stats = decode_range(seg.open(), seg.base, log.segment_size, file_name=str(seg.path))
+        assert stats.findings == []
+        out += table.select(["commitlog_offset", "store_size", "topic", "queue_id", "queue_offset",
+                             "store_timestamp", "offset_msg_id", "compression", "body"]).to_pylist()
+    return out
+
+
+def _end(rows: list[dict]) -> int:
+    return rows[-1]["commitlog_offset"] + rows[-1]["store_size"]
+
+
+def copy_prefix(src: Path, dst: Path, cut: int, *, from_offset: int = 0) -> None:
+    """The commitlog bytes ``[from_offset, cut)`` of ``src`` at the same offsets in ``dst``'s pre-sized files."""
+    log = CommitLog.open(src)
+    (dst / "commitlog").mkdir(parents=True, exist_ok=True)
+    for seg in log.segments:
+        if seg.base >= cut or seg.base + SEG <= from_offset:
+            continue
+        data = seg.path.read_bytes()[:cut - seg.base]
+        with open(dst / "commitlog" / seg.name, "wb") as fh:
+            fh.truncate(SEG)
+            fh.write(data)
+
+
+def build_slave(master: Path, slave: Path, cut: int, *, from_offset: int = 0) -> Path:
+    """A slave holding the master's bytes up to ``cut``, its queues and index built by opening it."""
+    copy_prefix(master, slave, cut, from_offset=from_offset)
+    store = MessageStore(slave, SETTINGS)
+    store.open()
+    store.close()
+    return slave
+
+
+def _ref(row: dict) -> tuple:
+    return (row["commitlog_offset"], row["topic"], row["queue_id"], row["queue_offset"], row["store_timestamp"],
+            row["offset_msg_id"])
+
+
+def _got(ref) -> tuple:
+    return (ref.commitlog_offset, ref.topic, ref.queue_id, ref.queue_offset, ref.store_timestamp, ref.msg_id)
+
+
+def _cl_file(store: Path, phy: int) -> tuple[str, int]:
+    return str(store / "commitlog" / f"{phy - phy % SEG:020d}"), phy % SEG
+
+
+def test_in_sync(master, rows, tmp_path):
+    slave = build_slave(master, tmp_path / "slave", _end(rows))
+    report = compare_stores(master, slave)
+    assert report.status == IN_SYNC and report.ok
+    assert (report.master.min_offset, report.master.max_offset) == (0, _end(rows))
+    assert (report.slave.min_offset, report.slave.max_offset) == (0, _end(rows))
+    assert (report.lag_bytes, report.lag_ms, report.missing_records, report.first_missing) == (0, 0, 0, None)
+    assert (report.compared_from, report.compared_to) == (0, _end(rows))
+    assert report.divergence is None and report.ahead_bytes == 0 and report.partial_bytes == 0
+    assert report.queue_mismatches == [] and report.notes == []
+    assert _got(report.master.last_record) == _ref(rows[-1]) == _got(report.slave.last_record)
+
+
+def test_lagging_at_a_record_boundary(master, rows, tmp_path):
+    k = 1200
+    cut = rows[k]["commitlog_offset"]
+    slave = build_slave(master, tmp_path / "slave", cut)
+    report = compare_stores(master, slave)
+    assert report.status == LAGGING and report.ok
+    assert report.slave_end == cut == report.slave.max_offset
+    assert report.lag_bytes == _end(rows) - cut
+    assert report.lag_ms == rows[-1]["store_timestamp"] - rows[k - 1]["store_timestamp"]
+    assert report.missing_records == len(rows) - k
+    assert _got(report.first_missing) == _ref(rows[k])
+    assert (report.first_missing.file, report.first_missing.file_offset) == _cl_file(master, cut)
+    assert _got(report.slave.last_record) == _ref(rows[k - 1])
+    assert report.divergence is None and report.queue_mismatches == [] and report.partial_bytes == 0
+
+
+def test_torn_tail_is_lag_not_divergence(master, rows, tmp_path):
+    """The slave received half of the next record after its dispatcher's last run (HA ships byte
+    ranges); and a torn copy that recovery cut back to the record boundary."""
+    k = 900
+    cut, size = rows[k]["commitlog_offset"], rows[k]["store_size"]
+    slave = build_slave(master, tmp_path / "slave", cut)
+    copy_prefix(master, slave, cut + size // 2, from_offset=cut)  # the torn tail arrives
+    report = compare_stores(master, slave)
+    assert report.status == LAGGING
+    assert report.slave_end == cut and report.partial_bytes == size // 2
+    assert report.missing_records == len(rows) - k and _got(report.first_missing) == _ref(rows[k])
+    assert report.lag_bytes == _end(rows) - cut and report.divergence is None
+
+    recovered = build_slave(master, tmp_path / "recovered", cut + size // 2)  # recovery zeroes the torn bytes
+    report = compare_stores(master, recovered)
+    assert (report.status, report.slave_end, report.partial_bytes) == (LAGGING, cut, 0)
+    assert report.missing_records == len(rows) - k
+
+
+def test_one_flipped_body_byte_is_divergence_at_that_byte(master, rows, tmp_path):
+    k = next(i for i in range(700, len(rows)) if rows[i]["compression"] == "NONE" and len(rows[i]["body"]) > 100)
+    row = rows[k]
+    slave = build_slave(master, tmp_path / "slave", _end(rows))
+    path, pos = _cl_file(slave, row["commitlog_offset"])
+    data = bytearray(Path(path).read_bytes())
+    body_at = data.find(row["body"], pos)
+    assert pos < body_at < pos + row["store_size"]
+    data[body_at + 10] ^= 0x01
+    Path(path).write_bytes(data)
+    report = compare_stores(master, slave)
+    assert report.status == DIVERGENT and not report.ok
+    d = report.divergence
+    phy = row["commitlog_offset"] + body_at + 10 - pos
+    assert d.commitlog_offset == phy
+    assert (d.master_file, d.master_file_offset) == _cl_file(master, phy)
+    assert (d.slave_file, d.slave_file_offset) == _cl_file(slave, phy)
+    assert _got(d.master_record) == _ref(row) == _got(d.slave_record)  # the header is intact on both
+    assert report.compared_to == phy and report.lag_bytes == 0 and report.queue_mismatches == []
+    assert any(line.startswith("divergence: first differing byte at commitlog ") for line in report.lines())
+
+
+def test_slave_ahead_of_its_master(master, rows, tmp_path):
+    k = 1300
+    cut = rows[k]["commitlog_offset"]
+    short_master = build_slave(master, tmp_path / "old-master", cut)  # a master that lost its tail
+    report = compare_stores(short_master, master)
+    assert report.status == AHEAD and not report.ok
+    assert report.ahead_bytes == _end(rows) - cut and _got(report.first_ahead) == _ref(rows[k])
+    assert report.lag_bytes == 0 and report.divergence is None
+
+
+def test_slave_started_at_a_newer_file_and_expired_master_files(master, rows, tmp_path):
+    base = 3 * SEG
+    slave = build_slave(master, tmp_path / "slave", _end(rows), from_offset=base)
+    report = compare_stores(master, slave)
+    assert report.status == IN_SYNC and report.compared_from == base and report.queue_mismatches == []
+    assert report.notes == [f"the slave's first file starts at {base}, above the master's 0 "
+                            "(it began replicating at a newer file)"]
+    expired = tmp_path / "expired"
+    shutil.copytree(master, expired)
+    for name in ("00000000000000000000", f"{SEG:020d}"):
+        (expired / "commitlog" / name).unlink()
+    full = build_slave(master, tmp_path / "full", _end(rows))
+    report = compare_stores(expired, full)
+    assert report.status == IN_SYNC and report.compared_from == 2 * SEG
+    assert report.notes == [f"the master's files below {2 * SEG} expired; compared from there"]
+
+
+def test_consume_queue_disagreement(master, rows, tmp_path):
+    slave = build_slave(master, tmp_path / "slave", _end(rows))
+    row = rows[1000]
+    qdir = queue_dir(slave, row["topic"], row["queue_id"])
+    byte = row["queue_offset"] * 20
+    cq_file = qdir / f"{byte - byte % CQ_FILE:020d}"
+    data = bytearray(cq_file.read_bytes())
+    data[byte % CQ_FILE + 12:byte % CQ_FILE + 20] = (12345).to_bytes(8, "big")  # tagsCode
+    cq_file.write_bytes(data)
+    report = compare_stores(master, slave)
+    assert report.status == DIVERGENT and report.divergence is None
+    [m] = report.queue_mismatches
+    assert (m.topic, m.queue_id, m.queue_offset) == (row["topic"], row["queue_id"], row["queue_offset"])
+    assert m.slave_unit[:2] == (row["commitlog_offset"], row["store_size"]) and m.slave_unit[2] == 12345
+    assert m.master_unit[:2] == m.slave_unit[:2] and m.master_unit[2] != 12345
+    assert (m.slave_file, m.slave_file_offset) == (str(cq_file), byte % CQ_FILE)
+
+
+def _other_geometry(tmp_path: Path) -> Path:
+    """A store whose commitlog files are twice the size of the master's."""
+    other = tmp_path / "other"
+    generate_store(other, GenerateSpec(messages=50, body_bytes=256, segment_bytes=2 * SEG, cq_file_bytes=CQ_FILE,
+                                       index_slots=100, index_entries=400, seed=5))
+    return other
+
+
+def test_errors_name_the_store(master, rows, tmp_path):
+    other = _other_geometry(tmp_path)
+    with pytest.raises(ReplicaError, match=rf"master {master} uses {SEG} bytes, slave {other} uses {2 * SEG} bytes"):
+        compare_stores(master, other)
+    with pytest.raises(ReplicaError, match=rf"slave store {tmp_path / 'nope'}: no such directory"):
+        compare_stores(master, tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ReplicaError, match="master store .*empty: no commitlog/ directory"):
+        compare_stores(tmp_path / "empty", master)
+
+
+def test_cli(master, rows, tmp_path, capsys):
+    in_sync = build_slave(master, tmp_path / "in-sync", _end(rows))
+    lagging = build_slave(master, tmp_path / "lagging", rows[1400]["commitlog_offset"])
+    assert cli_main(["store", "compare", str(master), str(in_sync)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "status: in_sync" and f"lag: 0 bytes, 0 ms" in out
+    assert cli_main(["store", "compare", str(master), str(lagging), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["status"], got["missing_records"]) == (LAGGING, 100)
+    assert got["first_missing"]["commitlog_offset"] == rows[1400]["commitlog_offset"]
+    assert cli_main(["store", "compare", str(lagging), str(master)]) == 1  # the "slave" is ahead
+    assert capsys.readouterr().out.splitlines()[0] == "status: ahead"
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["store", "compare", str(master), str(tmp_path / "nope")])
+    assert exc.value.code == 2
+    other = _other_geometry(tmp_path)
+    assert cli_main(["store", "compare", str(master), str(other)]) == 2
+    assert "different commitlog file sizes" in capsys.readouterr().err
