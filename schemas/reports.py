@@ -152,6 +152,8 @@ DUPLICATE_UNIQ_KEY = "duplicate_uniq_key"
 PAYLOAD_QUARANTINED = "payload_quarantined"
 TRANSACTION_UNRESOLVED = "transaction_unresolved"
 COMMIT_WITHOUT_HALF = "commit_without_half"
+REPLICA_LAG = "replica_lag"
+REPLICA_DIVERGENT = "replica_divergent"
 AUDIT_KINDS: tuple[str, ...] = (
     fk.CRC_MISMATCH,
     fk.CORRUPT_REGION,
@@ -166,6 +168,8 @@ AUDIT_KINDS: tuple[str, ...] = (
     PAYLOAD_QUARANTINED,
     TRANSACTION_UNRESOLVED,
     COMMIT_WITHOUT_HALF,
+    REPLICA_LAG,
+    REPLICA_DIVERGENT,
 )
 
 AUDIT_FINDINGS = TableContract(

@@ -191,7 +191,8 @@ def test_enumerated_columns_and_their_values():
         ("audit_findings", "kind", None): (
             "crc_mismatch", "corrupt_region", "cq_dangling_unit", "cq_mismatch", "cq_missing_unit", "cq_offset_gap",
             "cq_offset_repeat", "cq_phy_not_increasing", "index_missing_key", "duplicate_uniq_key",
-            "payload_quarantined", "transaction_unresolved", "commit_without_half"),
+            "payload_quarantined", "transaction_unresolved", "commit_without_half", "replica_lag",
+            "replica_divergent"),
         ("replay_ledger", "status", None): LEDGER_STATUSES,
         ("replay_runs", "status", None): RUN_STATUSES,
     }

@@ -65,6 +65,19 @@ Finding kinds (:data:`KINDS`) and their rules:
     A COMMIT record whose PREPAREDTRANSACTIONOFFSET is not the start of a half message (a record of
     the half topic, or a PREPARED record of a pre-4.3 producer) the lake holds, judged only where the
     lake holds records (an older half may have expired with its commitlog file).
+``replica_lag``
+    For a replica pair named with ``--replica SLAVE=MASTER`` (a 4.x slave copies its master's
+    commitlog bytes at the same offsets): one finding per pair whose slave does not end where its
+    master does, under the slave's name. ``detail`` gives the lag in bytes (end of the master's last
+    record - end of the slave's), in ms (store time of the master's last record - the slave's), the
+    number of records the slave lacks and the store time of the first one; file/offset: the master's
+    commitlog file and position of that first missing record. A slave ahead of its master is
+    reported here too ("ahead" in ``detail``, no file; ``commitlog_offset``: where the master ends).
+``replica_divergent``
+    A commitlog offset inside the range both stores of a pair hold where the two ``messages`` rows
+    differ (one Spark join on the physical offset): a record on one side only, or different stored
+    fields (:data:`REPLICA_COMPARED_COLUMNS`, the body and the properties by hash). ``detail`` names
+    the fields; file/offset: the slave's commitlog file and the record's position in it.
 
 Why a full recompute each run is fine: the audit is a consistency check between tables that grow
 independently (a CQ unit or index entry ingested today can point at a record ingested last week,
@@ -125,6 +138,8 @@ from schemas.reports import (
     AUDIT_KINDS,
     COMMIT_WITHOUT_HALF,
     CQ_OFFSET_REPEAT,
+    REPLICA_DIVERGENT,
+    REPLICA_LAG,
     CQ_PHY_NOT_INCREASING,
     DUPLICATE_UNIQ_KEY,
     INDEX_MISSING_KEY,
@@ -158,6 +173,12 @@ KINDS = AUDIT_KINDS  # declared with the audit_findings table (schemas.reports)
 _CRC_REASON_PREFIX = CRC_MISMATCH + ":"
 _FINDING_COLUMNS = ["broker_name", "kind", "file", "offset", "commitlog_offset", "topic", "queue_id", "detail"]
 _UINT32 = 1 << 32
+# the stored fields a slave's record must share with its master's at the same commitlog offset (plus
+# the body and the properties, compared by hash): everything the record's bytes decide
+REPLICA_COMPARED_COLUMNS = ("store_size", "magic_code", "body_crc", "body_crc_ok", "queue_id", "flag", "queue_offset",
+                            "sys_flag", "born_timestamp", "store_timestamp", "born_host", "store_host",
+                            "reconsume_times", "prepared_transaction_offset", "topic", "tags", "uniq_key",
+                            "offset_msg_id")
 _KEY_SEP = "\u0000"  # joins broker, topic and queue id into one literal-map key (never in a name)
 
 
@@ -341,11 +362,14 @@ class AuditInputs:
     corrupt: object   # corrupt_records
     quarantine: object = None  # payload_quarantine: broker_name, commitlog_offset, topic, reason
     ops: object = None  # op records (RMQ_SYS_TRANS_OP_HALF_TOPIC): broker_name, queue_id, half_offset
+    replica: object = None  # records of the brokers in replica pairs: broker_name, commitlog_offset,
+                            #   segment_file, REPLICA_COMPARED_COLUMNS, body_hash, properties_hash
 
 
 def audit_inputs(messages, consume_queue, index_entries, corrupt_records, broker_names: Iterable[str],
-                 payload_quarantine=None) -> AuditInputs:
-    """Filter the ingest tables to the brokers and keep only what the checks read."""
+                 payload_quarantine=None, replica_brokers: Iterable[str] = ()) -> AuditInputs:
+    """Filter the ingest tables to the brokers and keep only what the checks read (``replica_brokers``:
+    the brokers of replica pairs, whose records are compared field by field)."""
     from pyspark.sql import functions as F
 
     mine = F.col("broker_name").isin(*list(broker_names))
@@ -364,7 +388,13 @@ def audit_inputs(messages, consume_queue, index_entries, corrupt_records, broker
     # op records: the half queue offset each one ends (its body, decimal text; null when not a number)
     ops = messages.filter(mine & (F.col("topic") == TRANS_OP_HALF_TOPIC)).select(
         "broker_name", "queue_id", F.expr("try_cast(cast(body AS string) AS bigint)").alias("half_offset"))
-    return AuditInputs(records, units, entries, corrupt_records.filter(mine), quarantine, ops)
+    replica_brokers = sorted(set(replica_brokers))
+    replica = None
+    if replica_brokers:
+        replica = messages.filter(F.col("broker_name").isin(*replica_brokers)).select(
+            "broker_name", "commitlog_offset", "segment_file", *REPLICA_COMPARED_COLUMNS,
+            F.xxhash64("body").alias("body_hash"), F.xxhash64(F.to_json("properties")).alias("properties_hash"))
+    return AuditInputs(records, units, entries, corrupt_records.filter(mine), quarantine, ops, replica)
 
 
 @dataclass(frozen=True)
@@ -640,9 +670,106 @@ def commit_without_half_findings(inputs: AuditInputs, layouts: list[StoreLayout]
         "commitlog_offset", "topic", "queue_id")
 
 
+def _replica_sides(inputs: AuditInputs, broker: str, prefix: str):
+    from pyspark.sql import functions as F
+
+    return inputs.replica.filter(F.col("broker_name") == broker).select(
+        "commitlog_offset", *[F.col(c).alias(prefix + c) for c in inputs.replica.columns
+                              if c not in ("broker_name", "commitlog_offset")])
+
+
+def replica_divergent_findings(inputs: AuditInputs, layouts: list[StoreLayout], bounds: Bounds,
+                               slave: str, master: str):
+    """``replica_divergent`` of one pair: a full outer join of the two brokers' records on the
+    commitlog offset, inside the range both hold; only differing rows leave the join."""
+    from pyspark.sql import functions as F
+
+    c = F.col
+    s_lo, s_hi = bounds.records.get(slave, (0, 0))
+    m_lo, m_hi = bounds.records.get(master, (0, 0))
+    lo, hi = max(s_lo, m_lo), min(s_hi, m_hi)
+    compared = [*REPLICA_COMPARED_COLUMNS, "body_hash", "properties_hash"]
+    joined = (_replica_sides(inputs, slave, "s_").join(_replica_sides(inputs, master, "m_"), "commitlog_offset", "full")
+              .filter((c("commitlog_offset") >= lo) & (c("commitlog_offset") < hi)))
+    names = {"body_hash": "body", "properties_hash": "properties"}
+    fields = F.array_compact(F.array(*[F.when(~c("s_" + col).eqNullSafe(c("m_" + col)), F.lit(names.get(col, col)))
+                                       for col in compared]))
+    only = F.when(c("s_segment_file").isNull(), F.lit("the slave has no record here, the master has one"))\
+        .when(c("m_segment_file").isNull(), F.lit("the master has no record here, the slave has one"))
+    differs = joined.withColumn("_fields", fields).withColumn("_only", only).filter(
+        c("_only").isNotNull() | (F.size("_fields") > 0))
+    placed = _commitlog_location(differs.withColumn("broker_name", F.lit(slave))
+                                 .withColumn("segment_file", F.coalesce(c("s_segment_file"), c("m_segment_file"))),
+                                 layouts)
+    detail = F.coalesce(c("_only"), F.format_string(
+        "record at commitlog offset %d differs from master %s's in: %s (slave %s/%d offset %d, store time %d; "
+        "master %s/%d offset %d, store time %d)", c("commitlog_offset"), F.lit(master), F.array_join("_fields", ", "),
+        c("s_topic"), c("s_queue_id"), c("s_queue_offset"), c("s_store_timestamp"), c("m_topic"), c("m_queue_id"),
+        c("m_queue_offset"), c("m_store_timestamp")))
+    detail = F.concat(F.lit(f"replica of {master}: "), detail)
+    return _finding(placed, REPLICA_DIVERGENT, detail, "commitlog_offset",
+                    F.coalesce(c("s_topic"), c("m_topic")), F.coalesce(c("s_queue_id"), c("m_queue_id")))
+
+
+def replica_lag_findings(inputs: AuditInputs, layouts: list[StoreLayout], bounds: Bounds, slave: str, master: str):
+    """``replica_lag`` of one pair: at most one row, built from three one-row aggregations (no
+    driver round trip)."""
+    from pyspark.sql import functions as F
+
+    c = F.col
+    m_lo, m_hi = bounds.records.get(master, (0, 0))
+    s_hi = bounds.records.get(slave, (m_lo, m_lo))[1]
+    if s_hi == m_hi:
+        return None
+    recs = inputs.replica
+
+    def last(broker: str, name: str):
+        """The store time of the broker's newest record, as a one-row frame."""
+        return recs.filter(c("broker_name") == broker).agg(F.max_by("store_timestamp", "commitlog_offset").alias(name))
+
+    first = F.min_by(F.struct("commitlog_offset", "segment_file", "topic", "queue_id", "queue_offset",
+                              "store_timestamp"),
+                     "commitlog_offset")
+    missing = (recs.filter((c("broker_name") == master) & (c("commitlog_offset") >= s_hi))
+               .agg(F.count(F.lit(1)).alias("missing"), first.alias("first")))
+    row = last(master, "m_last").crossJoin(last(slave, "s_last")).crossJoin(missing)
+    lag_ms = c("m_last") - c("s_last")
+    if s_hi < m_hi:
+        placed = _commitlog_location(row.select(
+            F.lit(master).alias("broker_name"), c("first.commitlog_offset").alias("commitlog_offset"),
+            c("first.segment_file").alias("segment_file"), "first", "missing", lag_ms.alias("lag_ms")), layouts)
+        detail = F.format_string(
+            f"replica of {master}: {m_hi - s_hi} bytes and %s ms behind (slave ends at commitlog offset {s_hi}, master "
+            f"at {m_hi}); %d records missing, the first at commitlog offset %d (%s/%d offset %d, store time %d)",
+            F.coalesce(c("lag_ms").cast("string"), F.lit("?")), c("missing"), c("first.commitlog_offset"),
+            c("first.topic"), c("first.queue_id"), c("first.queue_offset"), c("first.store_timestamp"))
+        return _finding(placed.withColumn("broker_name", F.lit(slave)), REPLICA_LAG, detail, "commitlog_offset",
+                        c("first.topic"), c("first.queue_id"))
+    placed = row.select(F.lit(slave).alias("broker_name"), lag_ms.alias("lag_ms"),
+                        F.lit(None).cast("string").alias("file"), F.lit(None).cast("bigint").alias("offset"))
+    detail = F.format_string(
+        f"replica of {master}: ahead of its master by {s_hi - m_hi} bytes and %s ms (slave ends at commitlog offset "
+        f"{s_hi}, master at {m_hi}); Apache truncates a slave ahead of its master",
+        F.coalesce((-c("lag_ms")).cast("string"), F.lit("?")))
+    return _finding(placed, REPLICA_LAG, detail, F.lit(m_hi))
+
+
+def replica_findings(inputs: AuditInputs, layouts: list[StoreLayout], bounds: Bounds,
+                     replicas: Iterable[tuple[str, str]]) -> list:
+    """``replica_lag`` and ``replica_divergent`` of every (slave, master) pair."""
+    parts = []
+    for slave, master in replicas:
+        parts.append(replica_divergent_findings(inputs, layouts, bounds, slave, master))
+        lag = replica_lag_findings(inputs, layouts, bounds, slave, master)
+        if lag is not None:
+            parts.append(lag)
+    return parts
+
+
 def audit_findings(inputs: AuditInputs, layouts: Iterable[StoreLayout], run_id: str, audited_at: datetime,
-                   bounds: Bounds | None = None):
-    """Every finding of the brokers in ``layouts`` as one DataFrame with the audit_findings columns.
+                   bounds: Bounds | None = None, replicas: Iterable[tuple[str, str]] = ()):
+    """Every finding of the brokers in ``layouts`` as one DataFrame with the audit_findings columns
+    (``replicas``: (slave, master) broker name pairs, whose records ``inputs.replica`` holds).
 
     ``bounds`` default to :func:`read_bounds` (one small Spark job); the rest is lazy.
     """
@@ -662,6 +789,7 @@ def audit_findings(inputs: AuditInputs, layouts: Iterable[StoreLayout], run_id: 
     ]
     if inputs.quarantine is not None:
         parts.append(quarantine_findings(inputs, layouts))
+    parts += replica_findings(inputs, layouts, bounds, replicas)
     out = parts[0]
     for part in parts[1:]:
         out = out.unionByName(part)
@@ -744,12 +872,33 @@ def _to_arrow(df, schema: pa.Schema, sort_keys: list[str]) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema).sort_by([(k, "ascending") for k in sort_keys])
 
 
+def check_replicas(replicas: Iterable[tuple[str, str]], names: Iterable[str]) -> list[tuple[str, str]]:
+    """The (slave, master) pairs, each broker among the audited ones, none its own master and no
+    slave with two masters; ValueError naming the pair otherwise."""
+    names = set(names)
+    out: list[tuple[str, str]] = []
+    for slave, master in replicas:
+        for name in (slave, master):
+            if name not in names:
+                raise ValueError(f"--replica {slave}={master}: {name} is not one of the --store names "
+                                 f"({', '.join(sorted(names))})")
+        if slave == master:
+            raise ValueError(f"--replica {slave}={master}: a broker cannot be its own master")
+        if any(s == slave for s, _ in out):
+            raise ValueError(f"--replica: {slave} is named as a slave twice")
+        out.append((slave, master))
+    return out
+
+
 def run_audit(spark, stores: list[StoreSpec], lake: str | os.PathLike | Location, *,
-              ingest_first: bool = True) -> AuditResult:
+              ingest_first: bool = True, replicas: Iterable[tuple[str, str]] = ()) -> AuditResult:
     """Bring the lake up to date (unless ``ingest_first`` is False), audit the given brokers and
     replace their rows in ``audit_findings`` and ``topic_daily_stats`` (one commit per table).
-    Stores and lake may be local directories or URIs (a :class:`Location` carries its options)."""
+    Stores and lake may be local directories or URIs (a :class:`Location` carries its options).
+    ``replicas``: (slave, master) pairs of broker names among ``stores`` (see ``replica_lag``)."""
     from pipelines.lake import replace_arrow, sql_string_list
+
+    replicas = check_replicas(replicas, [spec.name for spec in stores])
 
     started = time.monotonic()
     if ingest_first:
@@ -766,8 +915,9 @@ def run_audit(spark, stores: list[StoreSpec], lake: str | os.PathLike | Location
                           _table_or_empty(spark, lake, CONSUME_QUEUE_TABLE, CONSUME_QUEUE_SCHEMA),
                           _table_or_empty(spark, lake, INDEX_ENTRIES_TABLE, INDEX_ENTRIES_SCHEMA),
                           _table_or_empty(spark, lake, CORRUPT_RECORDS_TABLE, CORRUPT_RECORDS_SCHEMA),
-                          names, _table_or_empty(spark, lake, PAYLOAD_QUARANTINE_TABLE, PAYLOAD_QUARANTINE_SCHEMA))
-    findings = _to_arrow(audit_findings(inputs, layouts, run_id, audited_at), AUDIT_FINDINGS_SCHEMA,
+                          names, _table_or_empty(spark, lake, PAYLOAD_QUARANTINE_TABLE, PAYLOAD_QUARANTINE_SCHEMA),
+                          [name for pair in replicas for name in pair])
+    findings = _to_arrow(audit_findings(inputs, layouts, run_id, audited_at, replicas=replicas), AUDIT_FINDINGS_SCHEMA,
                          ["broker_name", "kind", "file", "offset", "detail"])
     stats = _to_arrow(topic_daily_stats(messages, names, run_id), TOPIC_DAILY_STATS_SCHEMA,
                       ["store_date", "broker_name", "topic"])
