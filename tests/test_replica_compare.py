@@ -290,3 +290,17 @@ def test_lake_rows_and_audit_of_a_replica_pair(spark, master, rows, tmp_path, ca
     assert (div[0]["file"], div[0]["offset"]) == _cl_file(slave, row["commitlog_offset"])
     assert div[0]["detail"].startswith(f"replica of m1: record at commitlog offset {row['commitlog_offset']} "
                                        "differs from master m1's in: body_crc_ok, body (")
+
+
+@pytest.mark.parametrize("replica, message", [
+    ("s1=nobody", "--replica s1=nobody: nobody is not one of the --store names (m1, s1)"),
+    ("s1=s1", "--replica s1=s1: a broker cannot be its own master"),
+    ("s1", "--replica 's1' is not SLAVE_NAME=MASTER_NAME"),
+])
+def test_audit_refuses_bad_replica_pairs(master, tmp_path, capsys, replica, message):
+    """Checked before any Spark session starts: exit 2 and one line naming the pair."""
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["audit", "--store", f"m1={master}", "--store", f"s1={master}", "--lake", str(tmp_path / "lake"),
+                  "--replica", replica])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"audit.py: error: {message}"

@@ -412,9 +412,9 @@ def compare_stores(master_dir: str | os.PathLike, slave_dir: str | os.PathLike, 
     divergence, partial = None, 0
     if hi <= lo:  # nothing both hold
         slave_end = min(max(raw_extent, slave_walk_end), master_end) if slave.segments else master.min_offset
-        if slave.segments and raw_extent < master.min_offset:
-            notes.append(f"nothing to compare: the slave's data ends at {raw_extent}, below the master's first "
-                         f"file at {master.min_offset}")
+        if slave.segments and slave_end <= master.min_offset:
+            notes.append(f"nothing to compare: the slave's data ends at {slave_end}, at or below the master's "
+                         f"first file at {master.min_offset}")
         hi = lo
     else:
         diff = _first_difference(master, slave, lo, hi)
@@ -433,7 +433,7 @@ def compare_stores(master_dir: str | os.PathLike, slave_dir: str | os.PathLike, 
     missing, first_missing_at = _count_records(master, slave_end, master_end) if lag_bytes else (0, None)
     first_missing = _record(master, first_missing_at) if first_missing_at is not None else None
     ahead, first_ahead = 0, None
-    if slave.segments and divergence is None and slave_walk_end > master_end:
+    if slave.segments and slave_walk_end > master_end:
         ahead = slave_walk_end - master_end
         _, first_at = _count_records(slave, master_end, slave_walk_end)
         first_ahead = _record(slave, first_at) if first_at is not None else None
