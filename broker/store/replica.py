@@ -228,13 +228,14 @@ def _starts(log_: CommitLog, seg: Segment, start: int = 0, end: int | None = Non
 
 
 def _record(log_: CommitLog, offset: int) -> RecordRef:
+    """The record at ``offset``, named by file and position (fields left None when none decodes there)."""
+    base = offset - offset % log_.segment_size  # files sit at multiples of the segment size
     seg = log_.segment_for(offset)
-    file = str(seg.path) if seg else str(log_.directory / offset_to_file_name(offset - offset % log_.segment_size))
-    pos = offset - (seg.base if seg else offset - offset % log_.segment_size)
+    file = str(seg.path) if seg else str(log_.directory / offset_to_file_name(base))
     row = message_at(log_, offset) if seg else None
     if row is None:
-        return RecordRef(offset, file, pos)
-    return RecordRef(offset, file, pos, row["topic"], row["queue_id"], row["queue_offset"],
+        return RecordRef(offset, file, offset - base)
+    return RecordRef(offset, file, offset - base, row["topic"], row["queue_id"], row["queue_offset"],
                      row["store_timestamp"], row["offset_msg_id"])
 
 
