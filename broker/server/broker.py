@@ -40,7 +40,11 @@ from pathlib import Path
 from broker.remoting.bodies import RegisterBrokerBody
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.remoting.headers import RegisterBrokerRequestHeader, UnRegisterBrokerRequestHeader
+from broker.remoting.headers import (
+    RegisterBrokerRequestHeader,
+    RegisterBrokerResponseHeader,
+    UnRegisterBrokerRequestHeader,
+)
 from broker.remoting.transport import Connection, RemotingServer, SyncRemotingClient
 from broker.server.linux_process import set_process_name
 from broker.engine.message_store import MessageStore
@@ -51,11 +55,13 @@ from broker.server.processors import SEND_CODES, BrokerCore, Reply, Request
 from broker.server.send_draft import SendDrafter
 from broker.server.schedule import ScheduleService
 from broker.server.settings import BrokerSettings
+from broker.server.settings.declared import SLAVE, SYNC_MASTER
 from broker.store.hosts import Host
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
+SLAVE_RETRY_S = 1.0
 
 
 def store_settings(s: BrokerSettings) -> StoreSettings:
@@ -78,9 +84,14 @@ def store_settings(s: BrokerSettings) -> StoreSettings:
 class NameServerRegistrar:
     """Registers the broker's topics with every name server: periodically and when topics change."""
 
-    def __init__(self, settings: BrokerSettings, topics: TopicConfigManager) -> None:
+    def __init__(self, settings: BrokerSettings, topics: TopicConfigManager,
+                 on_master=None) -> None:
         self.settings = settings
         self.topics = topics
+        # a slave's HA client learns its master's HA address from the result (RegisterBrokerResult);
+        # until it has one, the slave registers again every second instead of every period
+        self.on_master = on_master
+        self.master_known = on_master is None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="namesrv-register", daemon=True)
@@ -100,13 +111,13 @@ class NameServerRegistrar:
                 self.register_once()
             except Exception:  # keep registering: a name server forgets a broker silent for 2 minutes
                 log.exception("name server registration failed")
-            self._wake.wait(period)
+            self._wake.wait(period if self.master_known else min(period, SLAVE_RETRY_S))
             self._wake.clear()
 
     def _header(self) -> dict[str, str]:
         s = self.settings
         return RegisterBrokerRequestHeader(broker_name=s.broker_name, broker_addr=s.broker_addr,
-                                           cluster_name=s.broker_cluster_name, ha_server_addr="",
+                                           cluster_name=s.broker_cluster_name, ha_server_addr=s.ha_server_addr,
                                            broker_id=s.broker_id).to_ext()
 
     def register_once(self) -> None:
@@ -118,6 +129,11 @@ class NameServerRegistrar:
                                      timeout=3.0)
                 if resp.code != ResponseCode.SUCCESS:
                     log.warning("name server %s refused registration: %s %s", addr, resp.code, resp.remark)
+                elif self.on_master is not None:
+                    result = RegisterBrokerResponseHeader.from_ext(resp.ext_fields)
+                    if result.ha_server_addr:
+                        self.master_known = True
+                        self.on_master(result.ha_server_addr, result.master_addr)
             except Exception as exc:
                 log.warning("cannot register with name server %s: %s", addr, exc)
 
@@ -191,8 +207,13 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     metadata = BrokerMetadata(store)
     metadata.start()
     schedule = ScheduleService(store, metadata.delay_offsets)
-    schedule.start()
-    registrar = NameServerRegistrar(settings, metadata.topics)
+    replication = start_replication(store, settings)
+    if settings.broker_role != SLAVE:  # a slave's delay topic fills from its master's log
+        schedule.start()
+    on_master = None
+    if settings.broker_role == SLAVE and not settings.ha_master_address:
+        on_master = lambda ha_addr, _master_addr: replication.update_master_address(ha_addr)  # noqa: E731
+    registrar = NameServerRegistrar(settings, metadata.topics, on_master)
     core = BrokerCore(store, metadata, cluster_name=settings.broker_cluster_name, broker_name=settings.broker_name,
                       broker_addr=settings.broker_addr, max_message_size=settings.max_message_size,
                       auto_create_topic=settings.auto_create_topic_enable, on_topics_changed=registrar.changed,
@@ -239,11 +260,34 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     registrar.stop()
     schedule.stop()
     server.close()
+    replication.stop()
     dispatcher.stop()  # everything appended is in the consume queues and the index
     growth.stop()
     metadata.close()  # no request runs any more: every committed offset is written, under the store's lock
     store.close()
     log.info("store closed cleanly")
+
+
+def start_replication(store: MessageStore, settings: BrokerSettings):
+    """The HA side of the role: a master accepts slaves (and a SYNC_MASTER's sends wait for one); a
+    slave refuses sends and replicates its master (:mod:`broker.engine.ha_master`, :mod:`broker.engine.ha_slave`)."""
+    from broker.engine.ha_master import HAMaster
+    from broker.engine.ha_slave import HAClient
+
+    if settings.broker_role == SLAVE:
+        store.slave_mode = True
+        client = HAClient(store, settings.ha_master_address or None, heartbeat_ms=settings.ha_send_heartbeat_interval,
+                          housekeeping_ms=settings.ha_housekeeping_interval)
+        client.start()
+        return client
+    master = HAMaster(store, settings.listen_host, settings.effective_ha_listen_port,
+                      batch_bytes=settings.ha_transfer_batch_size, heartbeat_ms=settings.ha_send_heartbeat_interval,
+                      housekeeping_ms=settings.ha_housekeeping_interval,
+                      fallbehind_max=settings.ha_slave_fallbehind_max, sync_timeout_ms=settings.sync_flush_timeout)
+    master.start()
+    if settings.broker_role == SYNC_MASTER:
+        store.replica_gate = master.replica_status
+    return master
 
 
 # =====================================================================================================

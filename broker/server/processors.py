@@ -13,7 +13,9 @@ Long polling is a reply too: a PULL that finds nothing and may be held comes bac
 from __future__ import annotations
 
 import logging
+import os
 import random
+import shutil
 import threading
 import time
 import zlib
@@ -173,6 +175,26 @@ MESSAGE_ILLEGAL_REMARK = ("the message is illegal, maybe msg body or properties 
                           "msg body length limit 128k, msg properties length limit 32k.")
 
 
+# sendOK statuses: the message is stored; the code says what was not confirmed (flush, slave)
+_STORED_CODES = frozenset({ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT, ResponseCode.FLUSH_SLAVE_TIMEOUT,
+                           ResponseCode.SLAVE_NOT_AVAILABLE})
+
+
+def service_not_available_remark(store_dir: str | os.PathLike) -> str:
+    """SendMessageProcessor's remark for SERVICE_NOT_AVAILABLE (a slave, a store shutting down), with
+    ``diskUtil()``'s used-space ratios of the commitlog, consume queue and index paths (-1 if absent)."""
+    def used(sub: str) -> float:
+        try:
+            du = shutil.disk_usage(os.path.join(store_dir, sub))
+        except OSError:
+            return -1.0
+        return (du.total - du.free) / du.total if du.total else -1.0
+
+    disk = f"CL: {used('commitlog'):5.2f} CQ: {used('consumequeue'):5.2f} INDEX: {used('index'):5.2f}"
+    return ("service not available now. It may be caused by one of the following reasons: "
+            f"the broker's disk is full [{disk}], messages are put to the slave, message store has been shut down, etc.")
+
+
 def _error(code: int, remark: str) -> Reply:
     return Reply(code=code, remark=remark)
 
@@ -198,6 +220,8 @@ _PULL_CODES = {
 _PUT_CODES = {
     PutStatus.PUT_OK: ResponseCode.SUCCESS,
     PutStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
+    PutStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    PutStatus.SLAVE_NOT_AVAILABLE: ResponseCode.SLAVE_NOT_AVAILABLE,
     PutStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
     PutStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
     PutStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
@@ -442,7 +466,9 @@ class BrokerCore:
         code = _PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
         if code == ResponseCode.MESSAGE_ILLEGAL:
             return _error(code, MESSAGE_ILLEGAL_REMARK)
-        if code not in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT):
+        if code == ResponseCode.SERVICE_NOT_AVAILABLE:
+            return _error(code, service_not_available_remark(self.store.store_dir))
+        if code not in _STORED_CODES:
             return _error(code, result.status.value)
         ext = {"msgId": result.msg_id, "queueId": str(queue_id), "queueOffset": str(result.queue_offset)}
         if uniq_key:

@@ -1,0 +1,277 @@
+"""Master/slave replication (Apache 4.x HA): the wire format, and real master + slave brokers on loopback.
+
+The frame tests compare against bytes written out here by hand. The broker tests start a name server,
+a master and a slave (each its own store) and check what ends up on the slave's disk: the same
+commitlog bytes as the master's, the same consume queue units, every message readable from the slave,
+SYNC_MASTER acknowledgements only for replicated messages, and a slave that refuses sends.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from broker.client import Message, Producer
+from broker.client.producer import SendStatus
+from broker.engine.ha_frames import (
+    HAFrameError,
+    OffsetReportReader,
+    Transfer,
+    TransferReader,
+    encode_heartbeat,
+    encode_offset_report,
+    encode_transfer,
+)
+from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.command import RemotingCommand
+from broker.remoting.headers import RegisterBrokerRequestHeader, RegisterBrokerResponseHeader
+from broker.remoting.transport import SyncRemotingClient
+from broker.store.commitlog import CommitLog
+from broker.store.constants import PROPERTY_UNIQ_KEY
+from tests.broker_harness import free_port, start_broker, start_namesrv, wait_until
+from tests.cpp_client import ClientProcesses, create_routed_topic
+
+SEGMENT = 64 * 1024  # small commitlog files: the tests roll over several
+BASE = {"mappedFileSizeCommitLog": SEGMENT, "mappedFileSizeConsumeQueue": 600, "flushIntervalConsumeQueue": 200}
+
+
+# ---- frames -----------------------------------------------------------------------------------------
+def test_offset_report_bytes() -> None:
+    assert encode_offset_report(0x0102030405060708) == bytes([1, 2, 3, 4, 5, 6, 7, 8])
+    assert encode_offset_report(0) == b"\0" * 8
+    with pytest.raises(HAFrameError):
+        encode_offset_report(-1)
+
+
+def test_transfer_and_heartbeat_bytes() -> None:
+    assert encode_transfer(65536, b"abc") == b"\0\0\0\0\0\x01\0\0" + b"\0\0\0\x03" + b"abc"
+    assert encode_heartbeat(7) == b"\0\0\0\0\0\0\0\x07" + b"\0\0\0\0"
+
+
+def test_offset_reports_keep_the_last_complete_one() -> None:
+    r = OffsetReportReader()
+    assert r.feed(b"\0\0\0\0") is None  # half a report
+    assert r.feed(b"\0\0\0\x05" + b"\0\0\0\0\0\0\0\x09" + b"\0\0") == 9  # two completed: the newest counts
+    assert r.feed(b"\0\0\0\0\0\x01") == 1  # the rest of the third
+
+
+def test_transfer_reader_cuts_the_stream() -> None:
+    wire = (b"\0\0\0\0\0\0\0\x10" b"\0\0\0\x02" b"hi") + (b"\0\0\0\0\0\0\0\x12" b"\0\0\0\0")
+    r = TransferReader(max_body=100)
+    assert r.feed(wire[:5]) == []
+    assert r.feed(wire[5:15]) == [Transfer(16, b"hi")]
+    got = r.feed(wire[15:])
+    assert got == [Transfer(18, b"")] and got[0].is_heartbeat and r.buffered == 0
+
+
+def test_transfer_reader_refuses_a_corrupt_header() -> None:
+    with pytest.raises(HAFrameError, match="size 101"):
+        TransferReader(max_body=100).feed(b"\0" * 8 + b"\0\0\0\x65")
+    with pytest.raises(HAFrameError, match="offset -1"):
+        TransferReader(max_body=100).feed(b"\xff" * 8 + b"\0\0\0\0")
+
+
+# ---- brokers ----------------------------------------------------------------------------------------
+@pytest.fixture()
+def namesrv(tmp_path: Path):
+    proc, addr = start_namesrv(tmp_path)
+    yield addr
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(10)
+
+
+def start_master(tmp: Path, ns: str, role: str = "ASYNC_MASTER", **extra):
+    ha_port = free_port()
+    broker = start_broker(tmp / "master", ns, {**BASE, "brokerRole": role, "haListenPort": ha_port, **extra})
+    broker.ha_addr = f"127.0.0.1:{ha_port}"
+    return broker
+
+
+def start_slave(tmp: Path, ns: str, master_ha: str | None, **extra):
+    cfg = {**BASE, "brokerRole": "SLAVE", "brokerId": 1, **extra}
+    if master_ha:
+        cfg["haMasterAddress"] = master_ha
+    return start_broker(tmp / "slave", ns, cfg)
+
+
+def request(addr: str, code: int, ext: dict, body: bytes = b"") -> RemotingCommand:
+    with SyncRemotingClient(addr) as client:
+        return client.invoke(RemotingCommand.request(code, ext, body), timeout=10)
+
+
+def files_of(store: Path, sub: str) -> dict[str, bytes]:
+    root = store / sub
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def wait_replicated(master, slave) -> None:
+    """Until the slave's commitlog and consume queue files equal the master's, byte for byte."""
+    wait_until(lambda: files_of(slave.store, "commitlog") == files_of(master.store, "commitlog"),
+               "the slave's commitlog to equal the master's")
+    wait_until(lambda: files_of(slave.store, "consumequeue") == files_of(master.store, "consumequeue"),
+               "the slave's consume queues to equal the master's")
+
+
+def uniq_keys(store: Path) -> Counter:
+    return Counter(r.properties.get(PROPERTY_UNIQ_KEY) for r in CommitLog.open(store).iter_records())
+
+
+def send_to(addr: str, topic: str, body: bytes, wait: str = "true") -> RemotingCommand:
+    props = f"WAIT\x01{wait}\x02UNIQ_KEY\x01{body.hex()}\x02"
+    ext = {"producerGroup": "g", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+           "queueId": "0", "sysFlag": "0", "bornTimestamp": "0", "flag": "0", "properties": props,
+           "reconsumeTimes": "0", "unitMode": "false", "batch": "false"}
+    return request(addr, RequestCode.SEND_MESSAGE, ext, body)
+
+
+def test_slave_replicates_byte_for_byte_and_serves_reads(tmp_path: Path, namesrv: str) -> None:
+    master = start_master(tmp_path, namesrv)
+    slave = start_slave(tmp_path, namesrv, master.ha_addr)
+    clients = ClientProcesses(tmp_path)
+    try:
+        topic = "HaTopic"
+        create_routed_topic(master.addr, namesrv, topic, 4)
+        producer = Producer("ha-producer", namesrv).start()
+        try:
+            sent = [producer.send(Message(topic, f"py-{i}-".encode() * 40, tags="T", keys=f"k{i}"))
+                    for i in range(400)]  # about 3 commitlog files of 64 KiB
+        finally:
+            producer.shutdown()
+        assert {r.status for r in sent} == {SendStatus.SEND_OK}
+        spec = tmp_path / "cpp.json"
+        spec.write_text(json.dumps({"topic": topic, "messages": [
+            {"seq": f"c{i}", "mode": "sync", "props": {"seq": f"c{i}"}, "body": f"cpp-{i}"} for i in range(50)]}))
+        cpp = clients.client("cpp-producer", ["produce.py", namesrv, "ha-cpp-producer", str(spec)], timeout=90).result()
+        assert not cpp["errors"] and len(cpp["results"]) == 50
+
+        wait_replicated(master, slave)
+        assert len(list((slave.store / "commitlog").iterdir())) >= 3
+        keys = uniq_keys(slave.store)
+        assert sum(keys.values()) == 450 and set(keys.values()) == {1}
+
+        # the slave serves reads: its max offsets and a pull answer like the master's
+        for qid in range(4):
+            ext = {"topic": topic, "queueId": qid}
+            assert request(slave.addr, RequestCode.GET_MAX_OFFSET, ext).ext_fields["offset"] == \
+                request(master.addr, RequestCode.GET_MAX_OFFSET, ext).ext_fields["offset"]
+
+        # the slave refuses sends, with Apache's code and remark
+        refused = send_to(slave.addr, topic, b"to-the-slave")
+        assert refused.code == ResponseCode.SERVICE_NOT_AVAILABLE
+        assert refused.remark.startswith("service not available now. It may be caused by one of the following "
+                                         "reasons: the broker's disk is full [CL: ")
+        assert refused.remark.endswith("messages are put to the slave, message store has been shut down, etc.")
+
+        # with the master gone, Apache's C++ consumer finds the slave in the route and reads everything there
+        assert master.stop() == 0
+        pulled = clients.client("cpp-pull", ["pull_consume.py", namesrv, "ha-pull", topic, "*", "--unique", "50",
+                                             "--props", "seq"], timeout=120).result()
+        assert {d["props"].get("seq") for d in pulled["deliveries"]} >= {f"c{i}" for i in range(50)}
+    finally:
+        clients.kill_all()
+        slave.stop()
+        master.stop()
+
+
+def test_name_server_routes_slave_and_gives_it_the_master_ha_address(tmp_path: Path, namesrv: str) -> None:
+    master = start_master(tmp_path, namesrv)
+    slave = start_slave(tmp_path, namesrv, None)  # learns the HA address from its registration result
+    try:
+        topic = "HaRouted"
+        create_routed_topic(master.addr, namesrv, topic, 2)
+
+        def route_has_both():
+            resp = request(namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+            brokers = json.loads(resp.body)["brokerDatas"] if resp.code == ResponseCode.SUCCESS else []
+            return any(b["brokerAddrs"] == {"0": master.addr, "1": slave.addr} for b in brokers)
+
+        wait_until(route_has_both, "the route to list master (id 0) and slave (id 1)")
+        ext = RegisterBrokerRequestHeader(broker_name="broker-a", broker_addr="127.0.0.1:1", cluster_name="DefaultCluster",
+                                          ha_server_addr="127.0.0.1:2", broker_id=2).to_ext()
+        result = RegisterBrokerResponseHeader.from_ext(request(namesrv, RequestCode.REGISTER_BROKER, ext).ext_fields)
+        assert (result.master_addr, result.ha_server_addr) == (master.addr, master.ha_addr)
+
+        producer = Producer("ha-producer", namesrv).start()
+        try:
+            for i in range(20):
+                producer.send(Message(topic, f"m{i}".encode()))
+        finally:
+            producer.shutdown()
+        wait_replicated(master, slave)
+    finally:
+        slave.stop()
+        master.stop()
+
+
+def test_sync_master_acknowledges_only_replicated_messages(tmp_path: Path, namesrv: str) -> None:
+    master = start_master(tmp_path, namesrv, "SYNC_MASTER", syncFlushTimeout=1500)
+    slave = start_slave(tmp_path, namesrv, master.ha_addr)
+    try:
+        topic = "HaSync"
+        create_routed_topic(master.addr, namesrv, topic, 1)
+        wait_until(lambda: send_to(master.addr, topic, b"first").code == ResponseCode.SUCCESS,
+                   "a SYNC_MASTER send acknowledged once the slave is connected")
+        for i in range(30):
+            resp = send_to(master.addr, topic, f"sync-{i}".encode())
+            assert resp.code == ResponseCode.SUCCESS
+            # acknowledged means the slave holds it: its commitlog already has the record's UNIQ_KEY
+            assert uniq_keys(slave.store)[f"sync-{i}".encode().hex()] == 1
+        not_waiting = send_to(master.addr, topic, b"no-wait", wait="false")
+        assert not_waiting.code == ResponseCode.SUCCESS
+
+        slave.kill()
+        codes = set()
+        wait_until(lambda: codes.add(send_to(master.addr, topic, b"alone").code) or
+                   ResponseCode.SLAVE_NOT_AVAILABLE in codes, "SLAVE_NOT_AVAILABLE once the slave is gone")
+        assert codes <= {ResponseCode.SLAVE_NOT_AVAILABLE, ResponseCode.FLUSH_SLAVE_TIMEOUT}
+        assert send_to(master.addr, topic, b"no-wait-alone", wait="false").code == ResponseCode.SUCCESS
+    finally:
+        slave.stop()
+        master.stop()
+
+
+def test_sync_master_killed_during_sends_loses_no_acknowledged_message(tmp_path: Path, namesrv: str) -> None:
+    master = start_master(tmp_path, namesrv, "SYNC_MASTER")
+    slave = start_slave(tmp_path, namesrv, master.ha_addr)
+    topic = "HaKill"
+    acked: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def sender(n: int) -> None:
+        i = 0
+        while not stop.is_set():
+            body = f"kill-{n}-{i}".encode()
+            i += 1
+            try:
+                if send_to(master.addr, topic, body).code == ResponseCode.SUCCESS:
+                    with lock:
+                        acked.append(body.hex())
+            except Exception:
+                return  # the master is gone
+    try:
+        create_routed_topic(master.addr, namesrv, topic, 4)
+        wait_until(lambda: send_to(master.addr, topic, b"warm").code == ResponseCode.SUCCESS, "a replicated send")
+        threads = [threading.Thread(target=sender, args=(n,)) for n in range(3)]
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(acked) >= 300, "300 acknowledged sends")
+        master.kill()
+        stop.set()
+        for t in threads:
+            t.join(30)
+        with lock:
+            acknowledged = list(acked)
+        assert slave.stop() == 0
+        keys = uniq_keys(slave.store)
+        assert all(keys[k] == 1 for k in acknowledged), [k for k in acknowledged if keys[k] != 1][:5]
+        assert set(keys.values()) == {1}
+    finally:
+        stop.set()
+        slave.stop()
+        master.stop()
