@@ -64,7 +64,6 @@ from broker.store.constants import (
     PROPERTY_DELAY,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
-    PROPERTY_WAIT,
     TOPIC_NAME_PATTERN,
     TRANSACTION_NOT_TYPE,
     TRANSACTION_TYPE_MASK,
@@ -507,11 +506,13 @@ class MessageStore:
     def _put(self, records: list[MessageRecord], batch: bool, apply_delay: bool) -> PutResult:
         return self.put_many([(records, batch, apply_delay)])[0]
 
-    def put_many(self, puts: Sequence[tuple[list[MessageRecord], bool, bool] | EncodedPut]) -> list[PutResult]:
+    def put_many(self, puts: Sequence[tuple[list[MessageRecord], bool, bool] | EncodedPut],
+                 waits: Sequence[bool] | None = None) -> list[PutResult]:
         """Several independent puts ``(records, batch, apply_delay)`` or :class:`EncodedPut` under
         one lock, with one write to the file, one dispatch wake-up and (SYNC_FLUSH) one fsync: the
         broker hands all the sends that arrived together to this call, which is what makes group
-        commit pay off."""
+        commit pay off. ``waits[i]`` false: put i does not wait for a slave (the send's ``WAIT=false``;
+        the request layer reads it, the stored properties no longer hold it)."""
         results: list[PutResult | None] = [None] * len(puts)
         prepared: list[tuple[int, list[MessageRecord] | EncodedPut]] = []
         for i, put in enumerate(puts):
@@ -577,7 +578,7 @@ class MessageStore:
             status = PutStatus.PUT_OK
             if self.settings.flush_disk_type == SYNC_FLUSH and not self._sync_to(end):
                 status = PutStatus.FLUSH_DISK_TIMEOUT
-            replica_status = self._replicate(end, {i: puts[i] for i, _, _ in appended})
+            replica_status = self._replicate(end, [i for i, _, _ in appended if waits is None or waits[i]])
             for i, placed_results, ts in appended:
                 if i in replica_status:  # a replica's status overrides the flush's (asyncPutMessage)
                     status_i = replica_status[i]
@@ -602,15 +603,11 @@ class MessageStore:
         for fn in self._commit_watchers:
             fn(end)
 
-    def _replicate(self, end: int, puts: dict[int, object]) -> dict[int, PutStatus]:
+    def _replicate(self, end: int, waiting: list[int]) -> dict[int, PutStatus]:
         """SYNC_MASTER (``CommitLog.handleHA``): the replica status of the appended puts (by index)
         that had to wait until a slave holds the commitlog up to ``end`` and did not get there; empty
-        when there is no gate. A put whose message says ``WAIT=false`` does not wait, as in Apache;
-        the puts appended together wait once, for the end of them all."""
-        if self.replica_gate is None:
-            return {}
-        waiting = [i for i, put in puts.items() if _waits_for_store(put)]
-        if not waiting:
+        when there is no gate. The puts appended together wait once, for the end of them all."""
+        if self.replica_gate is None or not waiting:
             return {}
         status = self.replica_gate(end)
         return {} if status is PutStatus.PUT_OK else {i: status for i in waiting}
@@ -1077,15 +1074,6 @@ def _placed_record(placed: AppendResult | EncodedAppend) -> MessageRecord:
     if isinstance(placed, EncodedAppend):
         return decode_record(placed.data, 0, placed.physical_offset)
     return placed.record
-
-
-def _waits_for_store(put: object) -> bool:
-    """``MessageExt.isWaitStoreMsgOK``: true unless the (first) message's WAIT property is ``false``."""
-    if isinstance(put, EncodedPut):
-        rec = decode_record(put.data, 0, 0)
-    else:
-        rec = put[0][0]
-    return rec.properties.get(PROPERTY_WAIT, "true") != "false"
 
 
 def _delay_level(props: dict[str, str]) -> int | None:

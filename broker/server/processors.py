@@ -74,6 +74,7 @@ from broker.server.send_draft import (
     peer_host,
     properties_too_long,
     send_properties,
+    waits_for_store,
 )
 from broker.server.stats import BrokerStatsManager
 from broker.server.settings import BrokerSettings
@@ -155,6 +156,7 @@ class PreparedSend:
     uniq_key: str | None
     encoded: bytes | None = None  # a drafted send's record, encoded by the network process (records: [])
     topic: str = ""
+    wait: bool = True  # WAIT: a SYNC_MASTER answers only once a slave has it
 
     def put(self) -> tuple[list[MessageRecord], bool, bool] | EncodedPut:
         """What ``MessageStore.put_many`` takes for this send."""
@@ -311,7 +313,7 @@ class BrokerCore:
                 ready.append((i, prepared))
         if ready:
             try:
-                results = self.store.put_many([p.put() for _, p in ready])
+                results = self.store.put_many([p.put() for _, p in ready], waits=[p.wait for _, p in ready])
             except Exception as exc:
                 log.exception("storing %d sends failed", len(ready))
                 results = None
@@ -388,7 +390,7 @@ class BrokerCore:
         target = self._send_target(d.topic, d.default_topic, d.default_topic_queue_nums, d.queue_id, d.peer)
         if isinstance(target, Reply):
             return target
-        return PreparedSend([], False, target[1], d.uniq_key, encoded=d.data, topic=d.topic)
+        return PreparedSend([], False, target[1], d.uniq_key, encoded=d.data, topic=d.topic, wait=d.wait)
 
     def _prepare_send(self, req: Request) -> Reply | PreparedSend:
         h = SendMessageRequestHeader.from_ext(req.ext, v2=req.code in (RequestCode.SEND_MESSAGE_V2,
@@ -422,6 +424,7 @@ class BrokerCore:
         if h.batch:
             return self._send_batch(h, req.body, topic, queue_id, born)
         props = decode_properties(h.properties or "")
+        wait = waits_for_store(props)
         raw = send_properties(props, self._uniq, self.cluster_name)
         if properties_too_long(raw):
             log.info("send to %s from %s: properties of %d chars exceed %d bytes", h.topic, req.peer, len(raw),
@@ -430,7 +433,7 @@ class BrokerCore:
         rec = MessageRecord(topic=topic, body=req.body, properties_raw=raw, queue_id=queue_id, flag=h.flag,
                             sys_flag=h.sys_flag, born_timestamp=h.born_timestamp, born_host=born,
                             store_host=self.store_host, reconsume_times=reconsume)
-        return PreparedSend([rec], False, queue_id, props.get(PROPERTY_UNIQ_KEY), topic=topic)
+        return PreparedSend([rec], False, queue_id, props.get(PROPERTY_UNIQ_KEY), topic=topic, wait=wait)
 
     def _send_batch(self, h: SendMessageRequestHeader, body: bytes, topic: str, queue_id: int,
                     born: Host) -> Reply | PreparedSend:
@@ -460,7 +463,8 @@ class BrokerCore:
                                          flag=item.flag, sys_flag=h.sys_flag & ~(COMPRESSED_FLAG | COMPRESSION_TYPE_MASK),
                                          born_timestamp=h.born_timestamp, born_host=born,
                                          store_host=self.store_host, reconsume_times=h.reconsume_times or 0))
-        return PreparedSend(records, True, queue_id, None, topic=topic)
+        return PreparedSend(records, True, queue_id, None, topic=topic,
+                            wait=waits_for_store(decode_properties(h.properties or "")))
 
     def _send_reply(self, result: PutResult, queue_id: int, uniq_key: str | None) -> Reply:
         code = _PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
