@@ -9,6 +9,7 @@ SYNC_MASTER acknowledgements only for replicated messages, and a slave that refu
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import threading
 from collections import Counter
@@ -273,5 +274,39 @@ def test_sync_master_killed_during_sends_loses_no_acknowledged_message(tmp_path:
         assert set(keys.values()) == {1}
     finally:
         stop.set()
+        slave.stop()
+        master.stop()
+
+
+def test_slave_ahead_of_its_master_is_cut_back(tmp_path: Path, namesrv: str) -> None:
+    """The master loses its tail (here: it comes back on a copy of its store taken earlier); the slave,
+    which holds more, cuts its log back to the master's end when it starts, then follows again."""
+    master = start_master(tmp_path, namesrv)
+    ha_port = int(master.ha_addr.rpartition(":")[2])
+    slave = start_slave(tmp_path, namesrv, master.ha_addr)
+    topic = "HaAhead"
+    try:
+        create_routed_topic(master.addr, namesrv, topic, 2)
+        for i in range(40):
+            assert send_to(master.addr, topic, f"first-{i}".encode()).code == ResponseCode.SUCCESS
+        wait_replicated(master, slave)
+        assert master.stop() == 0
+        shutil.copytree(master.store, tmp_path / "earlier")
+        master = start_broker(master.store, namesrv, {**BASE, "haListenPort": ha_port}, port=master.port)
+        for i in range(40):
+            assert send_to(master.addr, topic, f"second-{i}".encode()).code == ResponseCode.SUCCESS
+        wait_replicated(master, slave)
+        assert slave.stop() == 0 and master.stop() == 0
+
+        earlier = start_broker(tmp_path / "earlier", namesrv, {**BASE, "haListenPort": ha_port}, port=master.port)
+        earlier.ha_addr = f"127.0.0.1:{ha_port}"
+        master = earlier
+        slave = start_slave(tmp_path, namesrv, master.ha_addr)
+        for i in range(10):
+            assert send_to(master.addr, topic, f"third-{i}".encode()).code == ResponseCode.SUCCESS
+        wait_replicated(master, slave)
+        keys = uniq_keys(slave.store)
+        assert sum(keys.values()) == 50 and not any(k.startswith(b"second".hex()) for k in keys)
+    finally:
         slave.stop()
         master.stop()

@@ -216,6 +216,15 @@ class SlaveLink:
                 if self._closed.is_set():
                     return
             offset = self._start_offset()
+            end = master.store.commitlog_max_offset
+            if offset > end:
+                # Apache would wait at the slave's offset and later stream bytes of another history
+                # into it; we tell the slave where this log ends (a heartbeat there) and stop: a
+                # rocketlake slave cuts its log back to that offset at its next start
+                log.error("HA master: slave %s reports offset %d, past this log's end %d; it must be "
+                          "truncated (a rocketlake slave does so when it starts)", self.peer, offset, end)
+                self.sock.sendall(encode_heartbeat(end))
+                return
             log.info("HA master: streaming to slave %s from commitlog offset %d", self.peer, offset)
             last_write = 0.0
             while not self._closed.is_set() and not master._stop.is_set():

@@ -12,13 +12,23 @@ A transfer for any offset but the slave's end (once it holds anything), bytes th
 from __future__ import annotations
 
 import logging
+import os
 import select
 import socket
 import threading
 import time
+from pathlib import Path
 
-from broker.engine.ha_frames import HAFrameError, TransferReader, encode_offset_report
+from broker.engine.ha_frames import (
+    TRANSFER_HEADER,
+    TRANSFER_HEADER_SIZE,
+    HAFrameError,
+    TransferReader,
+    encode_offset_report,
+)
 from broker.engine.message_store import MessageStore, ReplicaError, StoreError
+from broker.store.commitlog import CommitLog, list_segments
+from broker.store.constants import COMMITLOG_DIR
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +44,69 @@ def parse_host_port(addr: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise ValueError(f"HA master address {addr!r} is not host:port")
     return host, int(port)
+
+
+def probe_master_end(addr: str, slave_end: int, timeout_s: float = CONNECT_TIMEOUT_S) -> int | None:
+    """At a slave's start, before its store opens: report ``slave_end`` to the master and read its
+    first header. A heartbeat at a lower offset means the master's log ends there (a rocketlake
+    master answers a slave that is ahead so; an Apache master never does): that offset is returned.
+    None when the master agrees, is unreachable or answers otherwise."""
+    try:
+        with socket.create_connection(parse_host_port(addr), timeout=timeout_s) as sock:
+            sock.sendall(encode_offset_report(slave_end))
+            header = b""
+            while len(header) < TRANSFER_HEADER_SIZE:
+                chunk = sock.recv(TRANSFER_HEADER_SIZE - len(header))
+                if not chunk:
+                    return None
+                header += chunk
+    except (OSError, ValueError) as exc:
+        log.info("HA master %s not reachable to compare logs (%s)", addr, exc)
+        return None
+    offset, size = TRANSFER_HEADER.unpack(header)
+    return offset if size == 0 and 0 <= offset < slave_end else None
+
+
+def truncate_commitlog(store_dir: str | Path, segment_bytes: int, offset: int) -> int:
+    """Cut a (closed) store's commitlog back to ``offset``: later files deleted, the rest of the file
+    holding it zeroed (``truncateDirtyFiles``). The store's recovery then trims consume queue units
+    and index ends past it (``truncateDirtyLogicFiles``). Returns the bytes cut."""
+    cut = 0
+    for seg in list_segments(Path(store_dir) / COMMITLOG_DIR, segment_bytes):
+        if seg.base >= offset:
+            cut += seg.size
+            seg.path.unlink()
+        elif seg.base + segment_bytes > offset:
+            start = offset - seg.base
+            with open(seg.path, "r+b") as fh:
+                fh.seek(start)
+                remaining = max(seg.size - start, 0)
+                cut += remaining
+                while remaining:
+                    n = min(remaining, 1 << 20)
+                    fh.write(bytes(n))
+                    remaining -= n
+                fh.flush()
+                os.fsync(fh.fileno())
+    return cut
+
+
+def truncate_ahead_of_master(store_dir: str | Path, segment_bytes: int, master_addr: str | None) -> int | None:
+    """A slave whose log is ahead of its master's (the master lost its tail) cuts it back before
+    opening, so the two logs are one history again; returns the new end, or None if nothing was cut."""
+    if not master_addr:
+        return None
+    log_ = CommitLog.open(store_dir, segment_bytes)
+    if not log_.segments:
+        return None
+    end = log_.data_end()
+    master_end = probe_master_end(master_addr, end)
+    if master_end is None:
+        return None
+    cut = truncate_commitlog(store_dir, segment_bytes, master_end)
+    log.warning("slave commitlog ended at %d, past its master's end %d: cut back to it (%d bytes)",
+                end, master_end, cut)
+    return master_end
 
 
 class HAClient:

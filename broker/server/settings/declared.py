@@ -139,7 +139,7 @@ class BrokerSettings:
         if self.broker_role == SLAVE and self.broker_id <= MASTER_ID:
             raise SettingsError(f"brokerId {self.broker_id}: a SLAVE's brokerId must be > {MASTER_ID}")
         if self.broker_role != SLAVE and self.broker_id != MASTER_ID:
-            raise SettingsError(f"brokerId {self.broker_id}: a {self.broker_role}'s brokerId must be {MASTER_ID}")
+            raise SettingsError(f"brokerId {self.broker_id}: the brokerId of a {self.broker_role} must be {MASTER_ID}")
         if not 0 <= self.ha_listen_port < 65536:
             raise SettingsError(f"haListenPort {self.ha_listen_port} is not a TCP port")
         if self.ha_master_address and not _is_host_port(self.ha_master_address):
