@@ -310,3 +310,89 @@ def test_slave_ahead_of_its_master_is_cut_back(tmp_path: Path, namesrv: str) -> 
     finally:
         slave.stop()
         master.stop()
+
+
+# ---- the store's replica append (no network) ------------------------------------------------------------
+def _store_pair(tmp_path: Path):
+    from broker.engine import MessageStore, StoreSettings
+    from tests.store_harness import DispatchedStore
+
+    s = StoreSettings(segment_bytes=8 * 1024, cq_file_bytes=20 * 16, index_slots=64, index_entries=256,
+                      fsync_metadata=False)
+    master, slave = MessageStore(tmp_path / "m", s), DispatchedStore(tmp_path / "s", s)
+    master.open()
+    slave.open()
+    slave.slave_mode = True
+    return master, slave
+
+
+def _put(store, n: int, start: int = 0) -> None:
+    from broker.store.message import MessageRecord
+    from broker.store.properties import encode_properties
+
+    for i in range(start, start + n):
+        rec = MessageRecord(topic="Rep", body=f"body-{i}".encode() * 20, queue_id=i % 2,
+                            properties_raw=encode_properties({"UNIQ_KEY": f"u{i}", "KEYS": f"k{i}"}))
+        assert store.put_message(rec).ok
+
+
+def _copy(master, slave, batch: int) -> None:
+    """What the HA link does: the master's committed bytes from the slave's end, ``batch`` at a time."""
+    while True:
+        data = master.read_committed(slave.replica_end, batch)
+        if not data:
+            return
+        slave.append_replica(slave.replica_end, data)
+
+
+def test_replica_append_is_byte_exact_and_publishes_only_whole_records(tmp_path: Path) -> None:
+    from broker.engine import GetStatus, MessageStore, PutStatus
+    from broker.engine.message_store import ReplicaError
+
+    master, slave = _store_pair(tmp_path)
+    try:
+        _put(master, 60)  # about 3 files of 8 KiB
+        first = master.read_committed(0, 100)  # ends inside the first record
+        slave.append_replica(0, first)
+        assert (slave.replica_end, slave.commitlog_max_offset) == (100, 0)  # received, not yet readable
+        _copy(master, slave, 777)  # batches that cut records and reach file ends
+        assert slave.replica_end == slave.commitlog_max_offset == master.commitlog_max_offset
+        with pytest.raises(ReplicaError, match="ends at"):
+            slave.append_replica(5, b"x")
+        slave.caught_up()
+        for qid in (0, 1):
+            m, s = master.get_messages("Rep", qid, 0, 64), slave.get_messages("Rep", qid, 0, 64)
+            assert m.status is s.status is GetStatus.FOUND and (m.body, m.queue_offsets) == (s.body, s.queue_offsets)
+        assert slave.put_message(master.view_message(0)).status is PutStatus.SERVICE_NOT_AVAILABLE
+    finally:
+        master.close()
+        slave.close()
+    assert files_of(tmp_path / "s", "commitlog") == files_of(tmp_path / "m", "commitlog")
+    assert files_of(tmp_path / "s", "consumequeue") == files_of(tmp_path / "m", "consumequeue")
+    reopened = MessageStore(tmp_path / "s", master.settings)
+    reopened.open()
+    try:
+        assert reopened.commitlog_max_offset == master.commitlog_max_offset
+    finally:
+        reopened.close()
+
+
+def test_an_empty_slave_starts_at_the_file_the_master_streams_first(tmp_path: Path) -> None:
+    master, slave = _store_pair(tmp_path)
+    try:
+        _put(master, 60)
+        end = master.commitlog_max_offset
+        start = end - end % master.settings.segment_bytes  # an empty slave gets the newest file only
+        assert start > 0
+        slave.append_replica(start, master.read_committed(start, 1 << 20))
+        _put(master, 10, 60)
+        _copy(master, slave, 1 << 20)
+        assert slave.commitlog_min_offset == start
+        assert slave.commitlog_max_offset == master.commitlog_max_offset
+        slave.caught_up()
+        queued = sum(slave.max_offset("Rep", q) - slave.min_offset("Rep", q) for q in (0, 1))
+        keys = Counter(r.properties["UNIQ_KEY"] for r in CommitLog.open(tmp_path / "s").iter_records())
+        assert queued == sum(keys.values()) and keys["u69"] == 1 and "u0" not in keys
+    finally:
+        master.close()
+        slave.close()

@@ -929,9 +929,11 @@ class MessageStore:
                 self._dirty_segments.add(base)
                 pos += len(chunk)
             self._writer.flush()
-            committed = self._complete_records_end(self._committed_end, self._writer.write_offset)
+            committed, last = self._complete_records_end(self._committed_end, self._writer.write_offset)
             grew = committed > self._committed_end
             self._committed_end = committed
+            if last is not None:  # the checkpoint's physical time: the newest complete record's
+                self._last_store_ts = max(self._last_store_ts, self._store_time(last))
         if grew:
             self._notify_committed(committed)
 
@@ -945,11 +947,13 @@ class MessageStore:
         self._dirty_segments = {offset}
         log.info("empty slave log starts at the master's commitlog offset %d", offset)
 
-    def _complete_records_end(self, start: int, limit: int) -> int:
+    def _complete_records_end(self, start: int, limit: int) -> tuple[int, int | None]:
         """Walk record headers from ``start`` (a record boundary) and return the end of the last
-        record wholly below ``limit``; a BLANK jumps to the end of its file."""
+        record wholly below ``limit`` and where that record starts (None: no record passed); a
+        BLANK jumps to the end of its file."""
         size = self.settings.segment_bytes
         pos = start
+        last = None
         while pos + 8 <= limit:
             total, magic = _SIZE_MAGIC.unpack(self._segments.pread(pos, 8))
             if magic == _BLANK_MAGIC:
@@ -957,8 +961,9 @@ class MessageStore:
                 continue
             if magic not in (_MAGIC_V1, _MAGIC_V2) or total <= 0 or pos + total > limit:
                 break
+            last = pos
             pos += total
-        return pos
+        return pos, last
 
     def set_commit_listener(self, fn: Callable[[int], None]) -> None:
         """``fn(committed_end)`` after every append (wakes an external dispatcher)."""
