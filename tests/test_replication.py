@@ -122,8 +122,8 @@ def uniq_keys(store: Path) -> Counter:
     return Counter(r.properties.get(PROPERTY_UNIQ_KEY) for r in CommitLog.open(store).iter_records())
 
 
-def send_to(addr: str, topic: str, body: bytes, wait: str = "true") -> RemotingCommand:
-    props = f"WAIT\x01{wait}\x02UNIQ_KEY\x01{body.hex()}\x02"
+def send_to(addr: str, topic: str, body: bytes, wait: str = "true", props: str = "") -> RemotingCommand:
+    props += f"WAIT\x01{wait}\x02UNIQ_KEY\x01{body.hex()}\x02"
     ext = {"producerGroup": "g", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
            "queueId": "0", "sysFlag": "0", "bornTimestamp": "0", "flag": "0", "properties": props,
            "reconsumeTimes": "0", "unitMode": "false", "batch": "false"}
@@ -179,12 +179,35 @@ def test_slave_replicates_byte_for_byte_and_serves_reads(tmp_path: Path, namesrv
         master.stop()
 
 
-def test_name_server_routes_slave_and_gives_it_the_master_ha_address(tmp_path: Path, namesrv: str) -> None:
+def all_of(addr: str, code: int) -> dict:
+    resp = request(addr, code, {})
+    assert resp.code == ResponseCode.SUCCESS, resp
+    return json.loads(resp.body)
+
+
+def test_slave_found_through_the_name_server_replicates_and_copies_metadata(tmp_path: Path, namesrv: str) -> None:
     master = start_master(tmp_path, namesrv)
-    slave = start_slave(tmp_path, namesrv, None)  # learns the HA address from its registration result
+    topic = "HaRouted"
+    create_routed_topic(master.addr, namesrv, topic, 2)
+    # metadata a slave copies (SlaveSynchronize): a subscription group, a consumer offset, a delay offset
+    group = {"groupName": "HaGroup", "consumeEnable": True, "retryMaxTimes": 5, "retryQueueNums": 1}
+    assert request(master.addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {},
+                   json.dumps(group).encode()).code == ResponseCode.SUCCESS
+    assert request(master.addr, RequestCode.UPDATE_CONSUMER_OFFSET,
+                   {"consumerGroup": "HaGroup", "topic": topic, "queueId": 1, "commitOffset": 7}).code == 0
+    delayed = send_to(master.addr, topic, b"later", props="DELAY\x011\x02")
+    assert delayed.code == ResponseCode.SUCCESS
+    wait_until(lambda: all_of(master.addr, RequestCode.GET_ALL_DELAY_OFFSET)["offsetTable"].get("1") == 1,
+               "the master's schedule service to deliver the delayed message")
+    slave = start_slave(tmp_path, namesrv, None)  # learns both master addresses from its registration result
     try:
-        topic = "HaRouted"
-        create_routed_topic(master.addr, namesrv, topic, 2)
+        wait_until(lambda: f"{topic}@HaGroup" in all_of(slave.addr, RequestCode.GET_ALL_CONSUMER_OFFSET)["offsetTable"],
+                   "the slave to copy the master's consumer offsets")
+        for code in (RequestCode.GET_ALL_TOPIC_CONFIG, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+                     RequestCode.GET_ALL_CONSUMER_OFFSET, RequestCode.GET_ALL_DELAY_OFFSET):
+            assert all_of(slave.addr, code) == all_of(master.addr, code)
+        assert all_of(slave.addr, RequestCode.GET_ALL_CONSUMER_OFFSET)["offsetTable"][f"{topic}@HaGroup"] == {"1": 7}
+        assert "HaGroup" in all_of(slave.addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)["subscriptionGroupTable"]
 
         def route_has_both():
             resp = request(namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})

@@ -88,8 +88,8 @@ class NameServerRegistrar:
                  on_master=None) -> None:
         self.settings = settings
         self.topics = topics
-        # a slave's HA client learns its master's HA address from the result (RegisterBrokerResult);
-        # until it has one, the slave registers again every second instead of every period
+        # a slave learns its master's remoting and HA addresses from the result (RegisterBrokerResult);
+        # until it has them, it registers again every second instead of every period
         self.on_master = on_master
         self.master_known = on_master is None
         self._wake = threading.Event()
@@ -131,7 +131,7 @@ class NameServerRegistrar:
                     log.warning("name server %s refused registration: %s %s", addr, resp.code, resp.remark)
                 elif self.on_master is not None:
                     result = RegisterBrokerResponseHeader.from_ext(resp.ext_fields)
-                    if result.ha_server_addr:
+                    if result.master_addr:
                         self.master_known = True
                         self.on_master(result.ha_server_addr, result.master_addr)
             except Exception as exc:
@@ -214,10 +214,18 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     replication = start_replication(store, settings)
     if settings.broker_role != SLAVE:  # a slave's delay topic fills from its master's log
         schedule.start()
-    on_master = None
-    if settings.broker_role == SLAVE and not settings.ha_master_address:
-        on_master = lambda ha_addr, _master_addr: replication.update_master_address(ha_addr)  # noqa: E731
-    registrar = NameServerRegistrar(settings, metadata.topics, on_master)
+    slave_sync = None
+    if settings.broker_role == SLAVE:
+        from broker.server.slave_sync import SlaveSynchronize
+
+        slave_sync = SlaveSynchronize(metadata)
+        slave_sync.start()
+
+    def on_master(ha_addr: str | None, master_addr: str) -> None:
+        if ha_addr and not settings.ha_master_address:  # a configured address stays (Apache's rule)
+            replication.update_master_address(ha_addr)
+        slave_sync.set_master_addr(master_addr)
+    registrar = NameServerRegistrar(settings, metadata.topics, on_master if slave_sync is not None else None)
     core = BrokerCore(store, metadata, cluster_name=settings.broker_cluster_name, broker_name=settings.broker_name,
                       broker_addr=settings.broker_addr, max_message_size=settings.max_message_size,
                       auto_create_topic=settings.auto_create_topic_enable, on_topics_changed=registrar.changed,
@@ -265,6 +273,8 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     schedule.stop()
     server.close()
     replication.stop()
+    if slave_sync is not None:
+        slave_sync.stop()
     dispatcher.stop()  # everything appended is in the consume queues and the index
     growth.stop()
     metadata.close()  # no request runs any more: every committed offset is written, under the store's lock
