@@ -8,7 +8,8 @@ Process layout (see the README's architecture section for the reasons):
 * **store process**: owns the store directory — CommitLog append and flush (group commit for
   SYNC_FLUSH), the schedule service, the request layer's metadata (topics, groups, consumer and
   delay offsets: :class:`~broker.server.metadata.BrokerMetadata`), the client registry, and
-  name-server registration (every 30 s and right after a topic is created). It serves the network
+  name-server registration (every 30 s and right after a topic is created), and replication: a
+  master's HA service, a slave's HA client and metadata sync (README "Replication"). It serves the network
   processes over a Unix socket (:mod:`broker.server.ipc`) with
   :class:`~broker.server.processors.BrokerCore`: sends on the link's I/O thread, in groups, the
   other requests on a thread pool.
