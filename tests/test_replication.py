@@ -88,7 +88,8 @@ def namesrv(tmp_path: Path):
 
 def start_master(tmp: Path, ns: str, role: str = "ASYNC_MASTER", **extra):
     ha_port = free_port()
-    broker = start_broker(tmp / "master", ns, {**BASE, "brokerRole": role, "haListenPort": ha_port, **extra})
+    broker = start_broker(tmp / "master", ns, {**BASE, "brokerRole": role, "haListenPort": ha_port, **extra},
+                          processes=1)
     broker.ha_addr = f"127.0.0.1:{ha_port}"
     return broker
 
@@ -97,7 +98,7 @@ def start_slave(tmp: Path, ns: str, master_ha: str | None, **extra):
     cfg = {**BASE, "brokerRole": "SLAVE", "brokerId": 1, **extra}
     if master_ha:
         cfg["haMasterAddress"] = master_ha
-    return start_broker(tmp / "slave", ns, cfg)
+    return start_broker(tmp / "slave", ns, cfg, processes=1)
 
 
 def request(addr: str, code: int, ext: dict, body: bytes = b"") -> RemotingCommand:
@@ -315,15 +316,21 @@ def test_slave_ahead_of_its_master_is_cut_back(tmp_path: Path, namesrv: str) -> 
         wait_replicated(master, slave)
         assert master.stop() == 0
         shutil.copytree(master.store, tmp_path / "earlier")
-        master = start_broker(master.store, namesrv, {**BASE, "haListenPort": ha_port}, port=master.port)
+        master = start_broker(master.store, namesrv, {**BASE, "haListenPort": ha_port}, port=master.port,
+                              processes=1)
         for i in range(40):
             assert send_to(master.addr, topic, f"second-{i}".encode()).code == ResponseCode.SUCCESS
         wait_replicated(master, slave)
-        assert slave.stop() == 0 and master.stop() == 0
+        assert master.stop() == 0
 
-        earlier = start_broker(tmp_path / "earlier", namesrv, {**BASE, "haListenPort": ha_port}, port=master.port)
+        earlier = start_broker(tmp_path / "earlier", namesrv, {**BASE, "haListenPort": ha_port}, port=master.port,
+                              processes=1)
         earlier.ha_addr = f"127.0.0.1:{ha_port}"
         master = earlier
+        # the running slave is told where the master's log ends and says it needs a restart
+        wait_until(lambda: "restart the slave to cut its log back" in slave.log.read_text(),
+                   "the running slave to find its master behind it")
+        assert slave.stop() == 0
         slave = start_slave(tmp_path, namesrv, master.ha_addr)
         for i in range(10):
             assert send_to(master.addr, topic, f"third-{i}".encode()).code == ResponseCode.SUCCESS

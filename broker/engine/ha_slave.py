@@ -37,6 +37,11 @@ RECONNECT_S = 1.0
 CONNECT_TIMEOUT_S = 3.0
 POLL_S = 0.5
 RECV_BYTES = 1 << 20
+BEHIND_RETRY_S = 30.0  # a master whose log ends before ours will not change its mind soon
+
+
+class MasterBehind(ReplicaError):
+    """The master's log ends before this slave's: only a restart (which cuts the log back) helps."""
 
 
 def parse_host_port(addr: str) -> tuple[str, int]:
@@ -156,14 +161,18 @@ class HAClient:
                 self._wake.wait(RECONNECT_S)
                 self._wake.clear()
                 continue
+            pause = RECONNECT_S
             try:
                 self._session(addr)
+            except MasterBehind as exc:
+                log.error("HA link to master %s: %s", addr, exc)
+                pause = BEHIND_RETRY_S
             except (OSError, ValueError, HAFrameError, StoreError) as exc:
                 if not self._stop.is_set():
                     log.warning("HA link to master %s: %s; reconnecting in %.0f s", addr, exc, RECONNECT_S)
             finally:
                 self.connected.clear()
-            self._wake.wait(RECONNECT_S)
+            self._wake.wait(pause)
             self._wake.clear()
 
     def _session(self, addr: str) -> None:
@@ -189,6 +198,9 @@ class HAClient:
                     last_read = now
                     for transfer in frames.feed(data):
                         mine = self.store.replica_end
+                        if transfer.is_heartbeat and transfer.offset < mine:
+                            raise MasterBehind(f"the master's log ends at {transfer.offset}, before this slave's "
+                                               f"end {mine}: restart the slave to cut its log back")
                         if mine != 0 and transfer.offset != mine:  # HAClient.dispatchReadRequest
                             raise ReplicaError(f"master sent offset {transfer.offset}, slave's log ends at {mine}")
                         if transfer.body:
