@@ -34,6 +34,7 @@ from broker.remoting.headers import RegisterBrokerRequestHeader, RegisterBrokerR
 from broker.remoting.transport import SyncRemotingClient
 from broker.store.commitlog import CommitLog
 from broker.store.constants import PROPERTY_UNIQ_KEY
+from broker.store.verify import verify_store
 from tests.broker_harness import free_port, start_broker, start_namesrv, wait_until
 from tests.cpp_client import ClientProcesses, create_routed_topic
 
@@ -174,6 +175,9 @@ def test_slave_replicates_byte_for_byte_and_serves_reads(tmp_path: Path, namesrv
         pulled = clients.client("cpp-pull", ["pull_consume.py", namesrv, "ha-pull", topic, "*", "--unique", "50",
                                              "--props", "seq"], timeout=120).result()
         assert {d["props"].get("seq") for d in pulled["deliveries"]} >= {f"c{i}" for i in range(50)}
+        assert slave.stop() == 0
+        report = verify_store(slave.store, segment_size=SEGMENT)  # CQ and index agree with the commitlog
+        assert report.findings == [], report.summary()
     finally:
         clients.kill_all()
         slave.stop()
@@ -426,3 +430,13 @@ def test_an_empty_slave_starts_at_the_file_the_master_streams_first(tmp_path: Pa
     finally:
         master.close()
         slave.close()
+    from tests.store_harness import DispatchedStore
+
+    reopened = DispatchedStore(tmp_path / "s", master.settings)  # a log that starts past 0 opens as it was
+    reopened.open()
+    try:
+        reopened.caught_up()
+        assert (reopened.commitlog_min_offset, reopened.commitlog_max_offset) == (start, master.commitlog_max_offset)
+        assert sum(reopened.max_offset("Rep", q) - reopened.min_offset("Rep", q) for q in (0, 1)) == queued
+    finally:
+        reopened.close()
