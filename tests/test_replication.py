@@ -28,7 +28,7 @@ from broker.engine.ha_frames import (
     encode_offset_report,
     encode_transfer,
 )
-from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting.codes import PullSysFlag, RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.headers import RegisterBrokerRequestHeader, RegisterBrokerResponseHeader
 from broker.remoting.transport import SyncRemotingClient
@@ -132,13 +132,36 @@ def send_to(addr: str, topic: str, body: bytes, wait: str = "true", props: str =
     return request(addr, RequestCode.SEND_MESSAGE, ext, body)
 
 
+def pull_all(addr: str, topic: str, queues: int) -> list[bytes]:
+    """Every stored record of ``topic`` pulled from one broker (PULL_MESSAGE from offset 0, queue by
+    queue), as the bytes the broker answered."""
+    out: list[bytes] = []
+    with SyncRemotingClient(addr) as client:
+        for qid in range(queues):
+            offset = 0
+            while True:
+                ext = {"consumerGroup": "ha-reader", "topic": topic, "queueId": qid, "queueOffset": offset,
+                       "maxMsgNums": 32, "sysFlag": int(PullSysFlag.SUBSCRIPTION), "commitOffset": 0, "suspendTimeoutMillis": 0,
+                       "subscription": "*", "subVersion": 0}
+                resp = client.invoke(RemotingCommand.request(RequestCode.PULL_MESSAGE, ext), timeout=10)
+                if resp.code != ResponseCode.SUCCESS:
+                    break
+                pos = 0
+                while pos < len(resp.body):
+                    size = int.from_bytes(resp.body[pos:pos + 4], "big")
+                    out.append(resp.body[pos:pos + size])
+                    pos += size
+                offset = int(resp.ext_fields["nextBeginOffset"])
+    return out
+
+
 def test_slave_replicates_byte_for_byte_and_serves_reads(tmp_path: Path, namesrv: str) -> None:
     master = start_master(tmp_path, namesrv)
+    topic = "HaTopic"
+    create_routed_topic(master.addr, namesrv, topic, 4)  # before the slave starts: it copies the topic at once
     slave = start_slave(tmp_path, namesrv, master.ha_addr)
     clients = ClientProcesses(tmp_path)
     try:
-        topic = "HaTopic"
-        create_routed_topic(master.addr, namesrv, topic, 4)
         producer = Producer("ha-producer", namesrv).start()
         try:
             sent = [producer.send(Message(topic, f"py-{i}-".encode() * 40, tags="T", keys=f"k{i}"))
@@ -157,11 +180,13 @@ def test_slave_replicates_byte_for_byte_and_serves_reads(tmp_path: Path, namesrv
         keys = uniq_keys(slave.store)
         assert sum(keys.values()) == 450 and set(keys.values()) == {1}
 
-        # the slave serves reads: its max offsets and a pull answer like the master's
+        # the slave serves reads: its max offsets and every pulled byte are the master's
         for qid in range(4):
             ext = {"topic": topic, "queueId": qid}
             assert request(slave.addr, RequestCode.GET_MAX_OFFSET, ext).ext_fields["offset"] == \
                 request(master.addr, RequestCode.GET_MAX_OFFSET, ext).ext_fields["offset"]
+        from_slave = pull_all(slave.addr, topic, 4)
+        assert len(from_slave) == 450 and from_slave == pull_all(master.addr, topic, 4)
 
         # the slave refuses sends, with Apache's code and remark
         refused = send_to(slave.addr, topic, b"to-the-slave")
