@@ -37,6 +37,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from broker.remoting.bodies import RegisterBrokerBody
 from broker.remoting.codes import RequestCode, ResponseCode
@@ -47,6 +48,8 @@ from broker.remoting.headers import (
     UnRegisterBrokerRequestHeader,
 )
 from broker.remoting.transport import Connection, RemotingServer, SyncRemotingClient
+from broker.engine.ha_master import HAMaster
+from broker.engine.ha_slave import HAClient
 from broker.server.linux_process import set_process_name
 from broker.engine.message_store import MessageStore
 from broker.server.metadata import BrokerMetadata
@@ -57,6 +60,7 @@ from broker.server.send_draft import SendDrafter
 from broker.server.schedule import ScheduleService
 from broker.server.settings import BrokerSettings
 from broker.server.settings.declared import SLAVE, SYNC_MASTER
+from broker.server.slave_sync import SlaveSynchronize
 from broker.store.hosts import Host
 
 log = logging.getLogger(__name__)
@@ -86,7 +90,7 @@ class NameServerRegistrar:
     """Registers the broker's topics with every name server: periodically and when topics change."""
 
     def __init__(self, settings: BrokerSettings, topics: TopicConfigManager,
-                 on_master=None) -> None:
+                 on_master: Callable[[str | None, str], None] | None = None) -> None:
         self.settings = settings
         self.topics = topics
         # a slave learns its master's remoting and HA addresses from the result (RegisterBrokerResult);
@@ -213,20 +217,20 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     metadata.start()
     schedule = ScheduleService(store, metadata.delay_offsets)
     replication = start_replication(store, settings)
-    if settings.broker_role != SLAVE:  # a slave's delay topic fills from its master's log
-        schedule.start()
-    slave_sync = None
-    if settings.broker_role == SLAVE:
-        from broker.server.slave_sync import SlaveSynchronize
-
+    slave_sync: SlaveSynchronize | None = None
+    on_master: Callable[[str | None, str], None] | None = None
+    if settings.broker_role == SLAVE:  # its delay topic fills from its master's log: no schedule service
         slave_sync = SlaveSynchronize(metadata)
         slave_sync.start()
 
-    def on_master(ha_addr: str | None, master_addr: str) -> None:
-        if ha_addr and not settings.ha_master_address:  # a configured address stays (Apache's rule)
-            replication.update_master_address(ha_addr)
-        slave_sync.set_master_addr(master_addr)
-    registrar = NameServerRegistrar(settings, metadata.topics, on_master if slave_sync is not None else None)
+        def follow_master(ha_addr: str | None, master_addr: str) -> None:
+            if ha_addr and not settings.ha_master_address:  # a configured address stays (Apache's rule)
+                replication.update_master_address(ha_addr)
+            slave_sync.set_master_addr(master_addr)
+        on_master = follow_master
+    else:
+        schedule.start()
+    registrar = NameServerRegistrar(settings, metadata.topics, on_master)
     core = BrokerCore(store, metadata, cluster_name=settings.broker_cluster_name, broker_name=settings.broker_name,
                       broker_addr=settings.broker_addr, max_message_size=settings.max_message_size,
                       auto_create_topic=settings.auto_create_topic_enable, on_topics_changed=registrar.changed,
@@ -283,12 +287,9 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     log.info("store closed cleanly")
 
 
-def start_replication(store: MessageStore, settings: BrokerSettings):
+def start_replication(store: MessageStore, settings: BrokerSettings) -> HAMaster | HAClient:
     """The HA side of the role: a master accepts slaves (and a SYNC_MASTER's sends wait for one); a
     slave refuses sends and replicates its master (:mod:`broker.engine.ha_master`, :mod:`broker.engine.ha_slave`)."""
-    from broker.engine.ha_master import HAMaster
-    from broker.engine.ha_slave import HAClient
-
     if settings.broker_role == SLAVE:
         store.slave_mode = True
         client = HAClient(store, settings.ha_master_address or None, heartbeat_ms=settings.ha_send_heartbeat_interval,
