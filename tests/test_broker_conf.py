@@ -139,6 +139,8 @@ def test_store_path_root_dir_maps_to_store(tmp_path):
     ("brokerRole=SLAVE", "brokerId 0: a SLAVE's brokerId must be > 0"),
     ("brokerRole=DLEDGER", "brokerRole must be one of \\('ASYNC_MASTER', 'SYNC_MASTER', 'SLAVE'\\)"),
     ("haMasterAddress=nowhere", "haMasterAddress must be host:port, got 'nowhere'"),
+    ("haTransferBatchSize=4194305", "haTransferBatchSize 4194305 is more than a slave can read in one transfer"),
+    ("haListenPort=70000", "haListenPort 70000 is not a TCP port"),
     ("enableCalcFilterBitMap=true", "enableCalcFilterBitMap=true: not supported by rocketlake: SQL92 filter bit maps"),
     ("brokerPermission=4", "brokerPermission=4: not supported by rocketlake"),
     ("brokerNmae=x", "unknown broker setting 'brokerNmae' \\(did you mean 'brokerName'\\?\\)"),

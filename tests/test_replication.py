@@ -465,3 +465,96 @@ def test_an_empty_slave_starts_at_the_file_the_master_streams_first(tmp_path: Pa
         assert sum(reopened.max_offset("Rep", q) - reopened.min_offset("Rep", q) for q in (0, 1)) == queued
     finally:
         reopened.close()
+
+
+# ---- each end of the link against bytes written here ----------------------------------------------------
+def _recv_exactly(sock, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, f"connection closed after {len(data)} of {n} bytes"
+        data += chunk
+    return data
+
+
+def test_master_streams_its_files_to_a_slave_speaking_raw_bytes(tmp_path: Path) -> None:
+    import socket
+
+    from broker.engine import PutStatus
+    from broker.engine.ha_master import HAMaster
+
+    master, slave_store = _store_pair(tmp_path)
+    slave_store.close()
+    seg = master.settings.segment_bytes
+    ha = HAMaster(master, "127.0.0.1", free_port(), batch_bytes=1000, heartbeat_ms=100, housekeeping_ms=20_000,
+                  fallbehind_max=1 << 30, sync_timeout_ms=300)
+    try:
+        _put(master, 60)
+        end = master.commitlog_max_offset
+        assert end > seg  # two files: the first full
+        ha.start()
+        files = files_of(tmp_path / "m", "commitlog")
+        log_bytes = b"".join(files[name] for name in sorted(files))[:end]
+        with socket.create_connection(("127.0.0.1", ha.port)) as sock:
+            sock.sendall(b"\0\0\0\0\0\0\0\0")  # an empty slave reports offset 0
+            pos = end - end % seg  # ... and is sent the newest file, from its first byte
+            while pos < end:
+                header = _recv_exactly(sock, 12)
+                offset, size = int.from_bytes(header[:8], "big"), int.from_bytes(header[8:], "big")
+                assert offset == pos and 0 < size <= 1000 and offset // seg == (offset + size - 1) // seg
+                assert _recv_exactly(sock, size) == log_bytes[offset:offset + size]
+                pos += size
+            assert _recv_exactly(sock, 12) == end.to_bytes(8, "big") + b"\0\0\0\0"  # idle: a heartbeat
+            assert ha.replica_status(end) is PutStatus.FLUSH_SLAVE_TIMEOUT  # connected, not acknowledged
+            sock.sendall((end - 7).to_bytes(8, "big") + end.to_bytes(8, "big")[:3])  # one report and a part
+            sock.sendall(end.to_bytes(8, "big")[3:])
+            wait_until(lambda: ha.push2slave == end, "the master to take the last complete report")
+            assert ha.replica_status(end) is PutStatus.PUT_OK
+        wait_until(lambda: ha.connection_count == 0, "the master to drop the closed link")
+        assert ha.replica_status(end) is PutStatus.SLAVE_NOT_AVAILABLE
+        with socket.create_connection(("127.0.0.1", ha.port)) as sock:  # a slave that holds 300 bytes
+            sock.sendall((300).to_bytes(8, "big"))
+            assert _recv_exactly(sock, 12) == (300).to_bytes(8, "big") + (1000).to_bytes(4, "big")  # a batch
+            assert _recv_exactly(sock, 1000) == log_bytes[300:1300]
+    finally:
+        ha.stop()
+        master.close()
+
+
+def test_slave_client_against_a_master_speaking_raw_bytes(tmp_path: Path) -> None:
+    import socket
+
+    from broker.engine.ha_slave import HAClient
+
+    master, slave = _store_pair(tmp_path)
+    _put(master, 10)
+    log_bytes = master.read_committed(0, 1 << 20)
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(30)
+    client = HAClient(slave, f"127.0.0.1:{server.getsockname()[1]}", heartbeat_ms=60_000, housekeeping_ms=60_000)
+    client.start()
+    try:
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(30)
+            assert _recv_exactly(conn, 8) == b"\0" * 8  # the slave's first report: its max offset
+            cut = 150  # inside the first record
+            conn.sendall((0).to_bytes(8, "big") + cut.to_bytes(4, "big") + log_bytes[:cut])
+            assert _recv_exactly(conn, 8) == cut.to_bytes(8, "big")  # it acknowledges what it appended
+            rest = log_bytes[cut:]
+            conn.sendall(cut.to_bytes(8, "big") + len(rest).to_bytes(4, "big") + rest)
+            assert _recv_exactly(conn, 8) == len(log_bytes).to_bytes(8, "big")
+            assert slave.commitlog_max_offset == len(log_bytes)
+            conn.sendall((5).to_bytes(8, "big") + (1).to_bytes(4, "big") + b"x")  # not the slave's end
+            assert conn.recv(1) == b""  # the slave drops the link ...
+        conn, _ = server.accept()  # ... and comes back, reporting where it is
+        with conn:
+            conn.settimeout(30)
+            assert _recv_exactly(conn, 8) == len(log_bytes).to_bytes(8, "big")
+        slave.caught_up()
+        assert slave.get_messages("Rep", 0, 0, 64).body == master.get_messages("Rep", 0, 0, 64).body
+    finally:
+        client.stop()
+        server.close()
+        master.close()
+        slave.close()

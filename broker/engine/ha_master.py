@@ -79,7 +79,8 @@ class HAMaster:
             self._appended.notify_all()
         with self._acked:
             self._acked.notify_all()
-        self._thread.join(5)
+        if self._thread.is_alive():
+            self._thread.join(5)
 
     def _accept(self) -> None:
         while not self._stop.is_set():

@@ -19,6 +19,7 @@ from typing import Any
 from broker.remoting.codes import MASTER_ID
 from broker.remoting.frame import DEFAULT_MAX_FRAME
 from broker.server.clients import DEFAULT_CHANNEL_EXPIRED_S
+from broker.engine.ha_frames import MAX_TRANSFER_BODY
 from broker.engine.store_settings import StoreSettings
 from broker.store.constants import FLUSH_DISK_TYPES
 from broker.store.delay import parse_delay_levels
@@ -142,6 +143,9 @@ class BrokerSettings:
             raise SettingsError(f"brokerId {self.broker_id}: the brokerId of a {self.broker_role} must be {MASTER_ID}")
         if not 0 <= self.ha_listen_port < 65536:
             raise SettingsError(f"haListenPort {self.ha_listen_port} is not a TCP port")
+        if self.ha_transfer_batch_size > MAX_TRANSFER_BODY:
+            raise SettingsError(f"haTransferBatchSize {self.ha_transfer_batch_size} is more than a slave can read "
+                                f"in one transfer ({MAX_TRANSFER_BODY} bytes)")
         if self.ha_master_address and not _is_host_port(self.ha_master_address):
             raise SettingsError(f"haMasterAddress must be host:port, got {self.ha_master_address!r}")
         if not 0 < self.listen_port < 65536:
