@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import Message, Producer
+from broker.client import Message, Producer, PullConsumer
 from broker.client.producer import SendStatus
 from broker.engine.ha_frames import (
     HAFrameError,
@@ -35,7 +35,7 @@ from broker.remoting.transport import SyncRemotingClient
 from broker.store.commitlog import CommitLog
 from broker.store.constants import PROPERTY_UNIQ_KEY
 from broker.store.verify import verify_store
-from tests.broker_harness import free_port, start_broker, start_namesrv, wait_until
+from tests.broker_harness import drain, free_port, start_broker, start_namesrv, wait_until
 from tests.cpp_client import ClientProcesses, create_routed_topic
 
 SEGMENT = 64 * 1024  # small commitlog files: the tests roll over several
@@ -200,6 +200,12 @@ def test_slave_replicates_byte_for_byte_and_serves_reads(tmp_path: Path, namesrv
         pulled = clients.client("cpp-pull", ["pull_consume.py", namesrv, "ha-pull", topic, "*", "--unique", "50",
                                              "--props", "seq"], timeout=120).result()
         assert {d["props"].get("seq") for d in pulled["deliveries"]} >= {f"c{i}" for i in range(50)}
+        consumer = PullConsumer("ha-py-pull", namesrv).start()  # and so does ours
+        try:
+            got = drain(consumer, topic)
+        finally:
+            consumer.shutdown()
+        assert len(got) == 450 and len({m.properties[PROPERTY_UNIQ_KEY] for m in got}) == 450
         assert slave.stop() == 0
         report = verify_store(slave.store, segment_size=SEGMENT)  # CQ and index agree with the commitlog
         assert report.findings == [], report.summary()
