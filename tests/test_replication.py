@@ -564,3 +564,28 @@ def test_slave_client_against_a_master_speaking_raw_bytes(tmp_path: Path) -> Non
         server.close()
         master.close()
         slave.close()
+
+
+def test_a_taken_derived_ha_port_stops_only_what_needs_it(tmp_path: Path, namesrv: str) -> None:
+    import socket
+
+    for _ in range(20):  # a listen port whose successor we can hold
+        port = free_port()
+        holder = socket.socket()
+        try:
+            holder.bind(("127.0.0.1", port + 1))
+            break
+        except OSError:
+            holder.close()
+    holder.listen(1)
+    try:
+        with pytest.raises(RuntimeError, match="exited"):  # a SYNC_MASTER needs its slaves
+            start_broker(tmp_path / "sync", namesrv, {**BASE, "brokerRole": "SYNC_MASTER"}, port=port, processes=1)
+        broker = start_broker(tmp_path / "async", namesrv, BASE, port=port, processes=1)
+        try:
+            assert "runs without slaves" in broker.log.read_text()
+            assert send_to(broker.addr, "HaAlone", b"still-a-broker").code == ResponseCode.SUCCESS
+        finally:
+            assert broker.stop() == 0
+    finally:
+        holder.close()

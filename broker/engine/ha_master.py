@@ -49,6 +49,7 @@ class HAMaster:
         self._appended = threading.Condition()  # writers wait here for new commitlog bytes
         self._stop = threading.Event()
         self._server: socket.socket | None = None
+        self.listening = False
         self._thread = threading.Thread(target=self._accept, name="ha-accept", daemon=True)
 
     # ---- lifecycle -----------------------------------------------------------------------------------
@@ -63,6 +64,7 @@ class HAMaster:
         server.listen(16)
         server.settimeout(POLL_S)
         self._server = server
+        self.listening = True
         self.store.add_commit_watcher(self._on_commit)
         self._thread.start()
         log.info("HA master listening for slaves on %s:%d", self.host, self.port)

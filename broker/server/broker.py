@@ -90,9 +90,10 @@ class NameServerRegistrar:
     """Registers the broker's topics with every name server: periodically and when topics change."""
 
     def __init__(self, settings: BrokerSettings, topics: TopicConfigManager,
-                 on_master: Callable[[str | None, str], None] | None = None) -> None:
+                 on_master: Callable[[str | None, str], None] | None = None, ha_server_addr: str = "") -> None:
         self.settings = settings
         self.topics = topics
+        self.ha_server_addr = ha_server_addr  # what slaves connect to ("" when nothing listens)
         # a slave learns its master's remoting and HA addresses from the result (RegisterBrokerResult);
         # until it has them, it registers again every second instead of every period
         self.on_master = on_master
@@ -122,7 +123,7 @@ class NameServerRegistrar:
     def _header(self) -> dict[str, str]:
         s = self.settings
         return RegisterBrokerRequestHeader(broker_name=s.broker_name, broker_addr=s.broker_addr,
-                                           cluster_name=s.broker_cluster_name, ha_server_addr=s.ha_server_addr,
+                                           cluster_name=s.broker_cluster_name, ha_server_addr=self.ha_server_addr,
                                            broker_id=s.broker_id).to_ext()
 
     def register_once(self) -> None:
@@ -230,7 +231,8 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
         on_master = follow_master
     else:
         schedule.start()
-    registrar = NameServerRegistrar(settings, metadata.topics, on_master)
+    ha_addr = "" if isinstance(replication, HAMaster) and not replication.listening else settings.ha_server_addr
+    registrar = NameServerRegistrar(settings, metadata.topics, on_master, ha_addr)
     core = BrokerCore(store, metadata, cluster_name=settings.broker_cluster_name, broker_name=settings.broker_name,
                       broker_addr=settings.broker_addr, max_message_size=settings.max_message_size,
                       auto_create_topic=settings.auto_create_topic_enable, on_topics_changed=registrar.changed,
@@ -300,7 +302,15 @@ def start_replication(store: MessageStore, settings: BrokerSettings) -> HAMaster
                       batch_bytes=settings.ha_transfer_batch_size, heartbeat_ms=settings.ha_send_heartbeat_interval,
                       housekeeping_ms=settings.ha_housekeeping_interval,
                       fallbehind_max=settings.ha_slave_fallbehind_max, sync_timeout_ms=settings.sync_flush_timeout)
-    master.start()
+    try:
+        master.start()
+    except OSError as exc:
+        # the derived port (listenPort + 1) may be taken by anything on a busy host; an ASYNC_MASTER
+        # then runs as rocketlake ran before replication (no slaves), saying so and registering no HA
+        # address. A configured port, or a SYNC_MASTER (whose sends need a slave), must not start.
+        if settings.ha_listen_port or settings.broker_role == SYNC_MASTER:
+            raise
+        log.error("%s; this master runs without slaves (set haListenPort to a free port to replicate it)", exc)
     if settings.broker_role == SYNC_MASTER:
         store.replica_gate = master.replica_status
     return master
