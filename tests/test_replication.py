@@ -34,6 +34,8 @@ from broker.remoting.headers import RegisterBrokerRequestHeader, RegisterBrokerR
 from broker.remoting.transport import SyncRemotingClient
 from broker.store.commitlog import CommitLog
 from broker.store.constants import PROPERTY_UNIQ_KEY
+from broker.store.message import decode_record
+from broker.store.record_layout import POS_PHYSICAL_OFFSET
 from broker.store.verify import verify_store
 from tests.broker_harness import drain, free_port, start_broker, start_namesrv, wait_until
 from tests.cpp_client import ClientProcesses, create_routed_topic
@@ -132,6 +134,16 @@ def send_to(addr: str, topic: str, body: bytes, wait: str = "true", props: str =
     return request(addr, RequestCode.SEND_MESSAGE, ext, body)
 
 
+def split_bodies(body: bytes) -> list[bytes]:
+    """Records back to back (a PULL_MESSAGE or QUERY_MESSAGE body), one bytes each."""
+    out, pos = [], 0
+    while pos < len(body):
+        size = int.from_bytes(body[pos:pos + 4], "big")
+        out.append(body[pos:pos + size])
+        pos += size
+    return out
+
+
 def pull_all(addr: str, topic: str, queues: int) -> list[bytes]:
     """Every stored record of ``topic`` pulled from one broker (PULL_MESSAGE from offset 0, queue by
     queue), as the bytes the broker answered."""
@@ -146,11 +158,7 @@ def pull_all(addr: str, topic: str, queues: int) -> list[bytes]:
                 resp = client.invoke(RemotingCommand.request(RequestCode.PULL_MESSAGE, ext), timeout=10)
                 if resp.code != ResponseCode.SUCCESS:
                     break
-                pos = 0
-                while pos < len(resp.body):
-                    size = int.from_bytes(resp.body[pos:pos + 4], "big")
-                    out.append(resp.body[pos:pos + size])
-                    pos += size
+                out += split_bodies(resp.body)
                 offset = int(resp.ext_fields["nextBeginOffset"])
     return out
 
@@ -187,6 +195,15 @@ def test_slave_replicates_byte_for_byte_and_serves_reads(tmp_path: Path, namesrv
                 request(master.addr, RequestCode.GET_MAX_OFFSET, ext).ext_fields["offset"]
         from_slave = pull_all(slave.addr, topic, 4)
         assert len(from_slave) == 450 and from_slave == pull_all(master.addr, topic, 4)
+        # ... and finds messages by key through the index its own dispatcher built
+        query = {"topic": topic, "key": "k123", "maxNum": 32, "beginTimestamp": 0, "endTimestamp": 1 << 62}
+        wait_until(lambda: request(slave.addr, RequestCode.QUERY_MESSAGE, query).code == ResponseCode.SUCCESS,
+                   "the slave's index to find key k123")
+        found = request(slave.addr, RequestCode.QUERY_MESSAGE, query)
+        assert found.body == request(master.addr, RequestCode.QUERY_MESSAGE, query).body
+        (record,) = [decode_record(r, 0, int.from_bytes(r[POS_PHYSICAL_OFFSET:POS_PHYSICAL_OFFSET + 8], "big"))
+                     for r in split_bodies(found.body)]
+        assert record.body == b"py-123-" * 40 and record.keys == ["k123"]
 
         # the slave refuses sends, with Apache's code and remark
         refused = send_to(slave.addr, topic, b"to-the-slave")
