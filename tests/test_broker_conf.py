@@ -136,8 +136,11 @@ def test_store_path_root_dir_maps_to_store(tmp_path):
 @pytest.mark.parametrize("line, message", [
     ("aclEnable=maybe", "broker.conf: aclEnable must be bool, got 'maybe'"),
     ("enableDLegerCommitLog=true", "enableDLegerCommitLog=true: not supported by rocketlake: DLedger"),
-    ("brokerRole=SLAVE", "brokerRole 'SLAVE': not supported by rocketlake: it has no replication"),
-    ("brokerRole=SYNC_MASTER", "brokerRole 'SYNC_MASTER': not supported by rocketlake"),
+    ("brokerRole=SLAVE", "brokerId 0: a SLAVE's brokerId must be > 0"),
+    ("brokerRole=DLEDGER", "brokerRole must be one of \\('ASYNC_MASTER', 'SYNC_MASTER', 'SLAVE'\\)"),
+    ("haMasterAddress=nowhere", "haMasterAddress must be host:port, got 'nowhere'"),
+    ("haTransferBatchSize=4194305", "haTransferBatchSize 4194305 is more than a slave can read in one transfer"),
+    ("haListenPort=70000", "haListenPort 70000 is not a TCP port"),
     ("enableCalcFilterBitMap=true", "enableCalcFilterBitMap=true: not supported by rocketlake: SQL92 filter bit maps"),
     ("brokerPermission=4", "brokerPermission=4: not supported by rocketlake"),
     ("brokerNmae=x", "unknown broker setting 'brokerNmae' \\(did you mean 'brokerName'\\?\\)"),
@@ -169,21 +172,21 @@ def test_harmless_apache_keys_are_ignored(tmp_path, line):
 def test_ignored_key_warns_once_per_process(tmp_path, caplog):
     from broker.server.settings import loading
 
-    loading._warned.discard("haListenPort")
+    loading._warned.discard("brokerIP2")
     cfg = tmp_path / "broker.conf"
-    cfg.write_text("haListenPort=10912\n")
+    cfg.write_text("brokerIP2=10.0.0.2\n")
     with caplog.at_level(logging.WARNING, logger="broker.server.settings.loading"):
         load_settings(cfg)
         load_settings(cfg)
     assert [r.getMessage() for r in caplog.records] == [
-        f"{cfg}: haListenPort ignored: master/slave replication (HA) is not implemented; a master without slaves "
-        "has nothing to use it for"]
+        f"{cfg}: brokerIP2 ignored: an HA knob rocketlake does not have (the HA address is brokerIP1's; "
+        "slaves serve every pull they get)"]
 
 
 def test_broker_id_must_be_the_master(tmp_path):
     cfg = tmp_path / "broker.conf"
     cfg.write_text("brokerId=1\n")
-    with pytest.raises(SettingsError, match="brokerId 1: not supported by rocketlake: a non-zero id registers a slave"):
+    with pytest.raises(SettingsError, match="brokerId 1: the brokerId of a ASYNC_MASTER must be 0"):
         load_settings(cfg)
 
 

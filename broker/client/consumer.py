@@ -108,7 +108,7 @@ class PullConsumer(ClientLifecycle):
         return route.read_queues
 
     def _addr(self, mq: MessageQueue) -> str:
-        return self.client.broker_addr(mq.broker_name, mq.topic)
+        return self.client.read_addr(mq.broker_name, mq.topic)
 
     def pull(self, mq: MessageQueue, offset: int, max_nums: int = 32, expression: str = "*",
              suspend_ms: int = 0, expression_type: str = ExpressionType.TAG) -> PullResult:

@@ -43,12 +43,15 @@ class TopicRoute:
     write_queues: list[MessageQueue] = field(default_factory=list)
     read_queues: list[MessageQueue] = field(default_factory=list)
     masters: dict[str, str] = field(default_factory=dict)  # broker name -> master address
+    # broker name -> where pulls go: the master, else the lowest-id slave (findBrokerAddressInSubscribe)
+    readers: dict[str, str] = field(default_factory=dict)
 
 
 def build_route(topic: str, data: TopicRouteData) -> TopicRoute:
     """Queues a producer may write to (writable, broker has a master) and a consumer may read."""
     masters = {b.broker_name: b.broker_addrs[0] for b in data.broker_datas if 0 in b.broker_addrs}
-    route = TopicRoute(data, time.monotonic(), masters=masters)
+    readers = {b.broker_name: b.broker_addrs[min(b.broker_addrs)] for b in data.broker_datas if b.broker_addrs}
+    route = TopicRoute(data, time.monotonic(), masters=masters, readers=readers)
     for q in sorted(data.queue_datas, key=lambda q: q.broker_name):
         if q.perm & PermName.WRITE and q.broker_name in masters:
             route.write_queues += [MessageQueue(topic, q.broker_name, i) for i in range(q.write_queue_nums)]
@@ -152,6 +155,13 @@ class ClientInstance:
             if route and broker_name in route.masters:
                 return route.masters[broker_name]
         raise MQClientError(f"no address known for broker {broker_name}")
+
+    def read_addr(self, broker_name: str, topic: str) -> str:
+        """Where a pull from ``broker_name`` goes: its master, or a slave while the route has no master."""
+        route = self.route(topic)
+        if route is not None and broker_name in route.readers:
+            return route.readers[broker_name]
+        return self.broker_addr(broker_name, topic)
 
     def known_brokers(self) -> dict[str, str]:
         with self._routes_lock:

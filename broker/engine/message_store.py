@@ -53,6 +53,7 @@ from broker.store.commitlog import AppendResult, CommitLogWriter, EncodedAppend,
 from broker.store.config_files import ConfigFileError, load_topic_fences, save_topic_fences
 from broker.store.constants import (
     ASYNC_FLUSH,
+    BLANK_MAGIC_CODE,
     SYNC_FLUSH,
     CQ_STORE_UNIT_SIZE,
     MAX_MSGS_NUM_BATCH,
@@ -83,6 +84,7 @@ log = logging.getLogger(__name__)
 
 _MAGIC_V1 = signed32(MESSAGE_MAGIC_CODE_V1)
 _MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
+_BLANK_MAGIC = signed32(BLANK_MAGIC_CODE)
 _SIZE_MAGIC = struct.Struct(">ii")
 # Apache scans at most max(16000 bytes of CQ, maxMsgNums units) per pull (maxFilterMessageCount).
 _MAX_FILTER_SCAN_BYTES = 16000
@@ -100,6 +102,8 @@ class PutStatus(enum.Enum):
 
     PUT_OK = "PUT_OK"
     FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"  # SYNC_MASTER: no slave acknowledged in syncFlushTimeout
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"  # SYNC_MASTER: no slave, or one too far behind
     MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
     PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
     SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
@@ -134,6 +138,10 @@ class EncodedPut:
     queue_id: int
 
 
+_STORED = frozenset({PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT, PutStatus.FLUSH_SLAVE_TIMEOUT,
+                     PutStatus.SLAVE_NOT_AVAILABLE})
+
+
 @dataclass(frozen=True)
 class PutResult:
     """Outcome of a put. ``topic``/``queue_id`` are where the record was *stored* (the delay topic
@@ -152,8 +160,8 @@ class PutResult:
 
     @property
     def ok(self) -> bool:
-        """Stored (a flush timeout still means the record is in the log, as in Apache)."""
-        return self.status in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT)
+        """Stored (a flush or replica timeout still means the record is in the log, as in Apache)."""
+        return self.status in _STORED
 
     @property
     def msg_ids(self) -> list[str]:
@@ -192,6 +200,10 @@ class QueryResult:
 
 class StoreError(RuntimeError):
     """The store cannot be opened or used (wrong geometry, not open)."""
+
+
+class ReplicaError(StoreError):
+    """A slave was sent commitlog bytes it cannot place (not at its end): it drops the link."""
 
 
 # =====================================================================================================
@@ -266,6 +278,11 @@ class MessageStore:
         # until one is given no topic has one, so a deleted topic takes no client put
         self._topic_configured: Callable[[str], bool] = lambda topic: False
         self._commit_listener: Callable[[int], None] | None = None
+        self._commit_watchers: list[Callable[[int], None]] = []  # the HA master's wake-up
+        # replication (set by the broker after open): a SYNC_MASTER's wait for its slave, given the
+        # commitlog end a put needs replicated (CommitLog.handleHA); a slave refuses every put
+        self.replica_gate: Callable[[int], PutStatus] | None = None
+        self.slave_mode = False
         # notified when an external dispatcher's progress was applied (``wait_dispatched`` waits on it)
         self._dispatch_progress = threading.Condition()
         self._topic_fences: dict[str, int] = {}  # persisted in config/DELETED_TOPICS_FILE
@@ -490,15 +507,17 @@ class MessageStore:
     def _put(self, records: list[MessageRecord], batch: bool, apply_delay: bool) -> PutResult:
         return self.put_many([(records, batch, apply_delay)])[0]
 
-    def put_many(self, puts: Sequence[tuple[list[MessageRecord], bool, bool] | EncodedPut]) -> list[PutResult]:
+    def put_many(self, puts: Sequence[tuple[list[MessageRecord], bool, bool] | EncodedPut],
+                 waits: Sequence[bool] | None = None) -> list[PutResult]:
         """Several independent puts ``(records, batch, apply_delay)`` or :class:`EncodedPut` under
         one lock, with one write to the file, one dispatch wake-up and (SYNC_FLUSH) one fsync: the
         broker hands all the sends that arrived together to this call, which is what makes group
-        commit pay off."""
+        commit pay off. ``waits[i]`` false: put i does not wait for a slave (the send's ``WAIT=false``;
+        the request layer reads it, the stored properties no longer hold it)."""
         results: list[PutResult | None] = [None] * len(puts)
         prepared: list[tuple[int, list[MessageRecord] | EncodedPut]] = []
         for i, put in enumerate(puts):
-            if not self._open:
+            if not self._open or self.slave_mode:  # a slave's log is its master's, byte for byte
                 results[i] = PutResult(PutStatus.SERVICE_NOT_AVAILABLE)
                 continue
             if isinstance(put, EncodedPut):
@@ -556,24 +575,43 @@ class MessageStore:
                         self._dispatch.appended([_placed_record(r) for _, placed, _ in appended for r in placed])
                     end = self._committed_end
         if end is not None:
-            if self._commit_listener is not None:
-                self._commit_listener(end)
+            self._notify_committed(end)
             status = PutStatus.PUT_OK
             if self.settings.flush_disk_type == SYNC_FLUSH and not self._sync_to(end):
                 status = PutStatus.FLUSH_DISK_TIMEOUT
+            replica_status = self._replicate(end, [i for i, _, _ in appended if waits is None or waits[i]])
             for i, placed_results, ts in appended:
+                if i in replica_status:  # a replica's status overrides the flush's (asyncPutMessage)
+                    status_i = replica_status[i]
+                else:
+                    status_i = status
                 if isinstance(puts[i], EncodedPut):
                     (one,) = placed_results
-                    results[i] = PutResult(status, encode_offset_msg_id(self.settings.store_host, one.physical_offset),
+                    results[i] = PutResult(status_i, encode_offset_msg_id(self.settings.store_host, one.physical_offset),
                                            puts[i].topic, puts[i].queue_id, one.queue_offset, (one.physical_offset,),
                                            one.size, ts)
                     continue
                 placed = tuple(r.record for r in placed_results)
-                results[i] = PutResult(status, ",".join(r.offset_msg_id for r in placed), placed[0].topic,
+                results[i] = PutResult(status_i, ",".join(r.offset_msg_id for r in placed), placed[0].topic,
                                        placed[0].queue_id, placed[0].queue_offset,
                                        tuple(r.physical_offset for r in placed),
                                        sum(r.size for r in placed_results), ts, placed)
         return results  # type: ignore[return-value]
+
+    def _notify_committed(self, end: int) -> None:
+        if self._commit_listener is not None:
+            self._commit_listener(end)
+        for fn in self._commit_watchers:
+            fn(end)
+
+    def _replicate(self, end: int, waiting: list[int]) -> dict[int, PutStatus]:
+        """SYNC_MASTER (``CommitLog.handleHA``): the replica status of the appended puts (by index)
+        that had to wait until a slave holds the commitlog up to ``end`` and did not get there; empty
+        when there is no gate. The puts appended together wait once, for the end of them all."""
+        if self.replica_gate is None or not waiting:
+            return {}
+        status = self.replica_gate(end)
+        return {} if status is PutStatus.PUT_OK else {i: status for i in waiting}
 
     def _refused_topic(self, topic: str, client_put: bool) -> bool:
         """Under ``_put_lock``: a topic being deleted takes no put; one deleted by this process takes
@@ -846,6 +884,87 @@ class MessageStore:
                 found.append(phy)
                 parts.append(data)
         return QueryResult(tuple(found), b"".join(parts), *progress)
+
+    def add_commit_watcher(self, fn: Callable[[int], None]) -> None:
+        """``fn(committed_end)`` after every append, besides the commit listener (the HA master)."""
+        self._commit_watchers.append(fn)
+
+    def read_committed(self, offset: int, max_bytes: int) -> bytes:
+        """Raw commitlog bytes from ``offset`` for a slave (``getCommitLogData``): at most
+        ``max_bytes``, never past the committed end (no record still being written) nor past the end
+        of ``offset``'s file (a transfer never spans two files). b"" when nothing is there yet."""
+        self._require_open()
+        if offset < self._commitlog_min:
+            raise StoreError(f"commitlog offset {offset} is below the first file ({self._commitlog_min})")
+        file_end = self._segment_base(offset) + self.settings.segment_bytes
+        size = min(self._committed_end, file_end, offset + max_bytes) - offset
+        return self._segments.pread(offset, size) if size > 0 else b""
+
+    @property
+    def replica_end(self) -> int:
+        """A slave's max offset (``getMaxPhyOffset``): just past the last byte received, which may be
+        inside a record (the committed end, what readers and the dispatcher see, stops before it)."""
+        self._require_open()
+        return self._writer.write_offset
+
+    def append_replica(self, offset: int, data: bytes) -> None:
+        """A slave appends bytes its master sent (``appendToCommitLog``): at ``offset``, which must be
+        this log's end (or anywhere, while this log is empty: a master starts a new slave at the
+        first byte of its newest file). Readers and the dispatcher see the bytes up to the last
+        complete record. Raises :class:`ReplicaError` on a wrong offset."""
+        self._require_open()
+        with self._put_lock:
+            if not self._open:
+                raise StoreError(f"store {self.store_dir} is not open")
+            end = self._writer.write_offset
+            if offset != end:
+                if end != 0 or self._committed_end != 0:
+                    raise ReplicaError(f"master sent commitlog bytes for offset {offset}, this slave's log ends "
+                                       f"at {end}")
+                self._start_log_at(offset)
+            pos = offset
+            while pos < offset + len(data):  # a master never spans files, but a stream is not trusted
+                base = self._segment_base(pos)
+                chunk = data[pos - offset:base + self.settings.segment_bytes - offset]
+                self._writer.append_raw(pos, chunk)
+                self._dirty_segments.add(base)
+                pos += len(chunk)
+            self._writer.flush()
+            committed, last = self._complete_records_end(self._committed_end, self._writer.write_offset)
+            grew = committed > self._committed_end
+            self._committed_end = committed
+            if last is not None:  # the checkpoint's physical time: the newest complete record's
+                self._last_store_ts = max(self._last_store_ts, self._store_time(last))
+        if grew:
+            self._notify_committed(committed)
+
+    def _start_log_at(self, offset: int) -> None:
+        """An empty slave's first transfer starts at ``offset``, a file boundary: its files begin there."""
+        if offset % self.settings.segment_bytes:
+            raise ReplicaError(f"an empty slave's first transfer must start a commitlog file, not offset {offset}")
+        self._writer.restart_empty_at(offset)
+        self._commitlog_min = self._committed_end = self._flushed_offset = offset
+        self.queues.commitlog_min_offset = offset
+        self._dirty_segments = {offset}
+        log.info("empty slave log starts at the master's commitlog offset %d", offset)
+
+    def _complete_records_end(self, start: int, limit: int) -> tuple[int, int | None]:
+        """Walk record headers from ``start`` (a record boundary) and return the end of the last
+        record wholly below ``limit`` and where that record starts (None: no record passed); a
+        BLANK jumps to the end of its file."""
+        size = self.settings.segment_bytes
+        pos = start
+        last = None
+        while pos + 8 <= limit:
+            total, magic = _SIZE_MAGIC.unpack(self._segments.pread(pos, 8))
+            if magic == _BLANK_MAGIC:
+                pos = self._segment_base(pos) + size
+                continue
+            if magic not in (_MAGIC_V1, _MAGIC_V2) or total <= 0 or pos + total > limit:
+                break
+            last = pos
+            pos += total
+        return pos, last
 
     def set_commit_listener(self, fn: Callable[[int], None]) -> None:
         """``fn(committed_end)`` after every append (wakes an external dispatcher)."""

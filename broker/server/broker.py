@@ -9,7 +9,8 @@ Process layout (see the README's architecture section for the reasons):
   SYNC_FLUSH), the schedule service, the transaction check service
   (:mod:`broker.server.transaction_check`), the request layer's metadata (topics, groups, consumer and
   delay offsets: :class:`~broker.server.metadata.BrokerMetadata`), the client registry, and
-  name-server registration (every 30 s and right after a topic is created). It serves the network
+  name-server registration (every 30 s and right after a topic is created), and replication: a
+  master's HA service, a slave's HA client and metadata sync (README "Replication"). It serves the network
   processes over a Unix socket (:mod:`broker.server.ipc`) with
   :class:`~broker.server.processors.BrokerCore`: sends on the link's I/O thread, in groups, the
   other requests on a thread pool.
@@ -38,15 +39,22 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from broker.acl.config import acl_file_location, load_rules
 from broker.acl.gate import DENIED_CODE, AclGate
 from broker.remoting.bodies import RegisterBrokerBody
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
-from broker.remoting.headers import RegisterBrokerRequestHeader, UnRegisterBrokerRequestHeader
+from broker.remoting.headers import (
+    RegisterBrokerRequestHeader,
+    RegisterBrokerResponseHeader,
+    UnRegisterBrokerRequestHeader,
+)
 from broker.remoting.tls import ServerTls, client_context
 from broker.remoting.transport import Connection, RemotingServer, SyncRemotingClient
+from broker.engine.ha_master import HAMaster
+from broker.engine.ha_slave import HAClient
 from broker.server.linux_process import set_process_name
 from broker.engine.message_store import MessageStore
 from broker.server.metadata import BrokerMetadata
@@ -56,11 +64,14 @@ from broker.server.processors import SEND_CODES, BrokerCore, Reply, Request
 from broker.server.send_draft import SendDrafter
 from broker.server.schedule import ScheduleService
 from broker.server.settings import BrokerSettings
+from broker.server.settings.declared import SLAVE, SYNC_MASTER
+from broker.server.slave_sync import SlaveSynchronize
 from broker.store.hosts import Host
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
+SLAVE_RETRY_S = 1.0
 
 
 def store_settings(s: BrokerSettings) -> StoreSettings:
@@ -83,9 +94,15 @@ def store_settings(s: BrokerSettings) -> StoreSettings:
 class NameServerRegistrar:
     """Registers the broker's topics with every name server: periodically and when topics change."""
 
-    def __init__(self, settings: BrokerSettings, topics: TopicConfigManager) -> None:
+    def __init__(self, settings: BrokerSettings, topics: TopicConfigManager,
+                 on_master: Callable[[str | None, str], None] | None = None, ha_server_addr: str = "") -> None:
         self.settings = settings
         self.topics = topics
+        self.ha_server_addr = ha_server_addr  # what slaves connect to ("" when nothing listens)
+        # a slave learns its master's remoting and HA addresses from the result (RegisterBrokerResult);
+        # until it has them, it registers again every second instead of every period
+        self.on_master = on_master
+        self.master_known = on_master is None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="namesrv-register", daemon=True)
@@ -107,13 +124,13 @@ class NameServerRegistrar:
                 self.register_once()
             except Exception:  # keep registering: a name server forgets a broker silent for 2 minutes
                 log.exception("name server registration failed")
-            self._wake.wait(period)
+            self._wake.wait(period if self.master_known else min(period, SLAVE_RETRY_S))
             self._wake.clear()
 
     def _header(self) -> dict[str, str]:
         s = self.settings
         return RegisterBrokerRequestHeader(broker_name=s.broker_name, broker_addr=s.broker_addr,
-                                           cluster_name=s.broker_cluster_name, ha_server_addr="",
+                                           cluster_name=s.broker_cluster_name, ha_server_addr=self.ha_server_addr,
                                            broker_id=s.broker_id).to_ext()
 
     def register_once(self) -> None:
@@ -125,6 +142,11 @@ class NameServerRegistrar:
                                      timeout=3.0)
                 if resp.code != ResponseCode.SUCCESS:
                     log.warning("name server %s refused registration: %s %s", addr, resp.code, resp.remark)
+                elif self.on_master is not None:
+                    result = RegisterBrokerResponseHeader.from_ext(resp.ext_fields)
+                    if result.master_addr:
+                        self.master_known = True
+                        self.on_master(result.ha_server_addr, result.master_addr)
             except Exception as exc:
                 log.warning("cannot register with name server %s: %s", addr, exc)
 
@@ -189,6 +211,10 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
 
     from broker.server.dispatch_process import ExternalDispatcher
 
+    if settings.broker_role == SLAVE:
+        from broker.engine.ha_slave import truncate_ahead_of_master
+
+        truncate_ahead_of_master(store_dir, settings.mapped_file_size_commit_log, settings.ha_master_address)
     store = MessageStore(store_dir, store_settings(settings))
     report = store.open()
     log.info("store opened: %s", report.summary() if hasattr(report, "summary") else report)
@@ -198,8 +224,22 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     metadata = BrokerMetadata(store)
     metadata.start()
     schedule = ScheduleService(store, metadata.delay_offsets)
-    schedule.start()
-    registrar = NameServerRegistrar(settings, metadata.topics)
+    replication = start_replication(store, settings)
+    slave_sync: SlaveSynchronize | None = None
+    on_master: Callable[[str | None, str], None] | None = None
+    if settings.broker_role == SLAVE:  # its delay topic fills from its master's log: no schedule service
+        slave_sync = SlaveSynchronize(metadata)
+        slave_sync.start()
+
+        def follow_master(ha_addr: str | None, master_addr: str) -> None:
+            if ha_addr and not settings.ha_master_address:  # a configured address stays (Apache's rule)
+                replication.update_master_address(ha_addr)
+            slave_sync.set_master_addr(master_addr)
+        on_master = follow_master
+    else:
+        schedule.start()
+    ha_addr = "" if isinstance(replication, HAMaster) and not replication.listening else settings.ha_server_addr
+    registrar = NameServerRegistrar(settings, metadata.topics, on_master, ha_addr)
     core = BrokerCore(store, metadata, cluster_name=settings.broker_cluster_name, broker_name=settings.broker_name,
                       broker_addr=settings.broker_addr, max_message_size=settings.max_message_size,
                       auto_create_topic=settings.auto_create_topic_enable, on_topics_changed=registrar.changed,
@@ -251,11 +291,41 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     transaction_check.stop()
     schedule.stop()
     server.close()
+    replication.stop()
+    if slave_sync is not None:
+        slave_sync.stop()
     dispatcher.stop()  # everything appended is in the consume queues and the index
     growth.stop()
     metadata.close()  # no request runs any more: every committed offset is written, under the store's lock
     store.close()
     log.info("store closed cleanly")
+
+
+def start_replication(store: MessageStore, settings: BrokerSettings) -> HAMaster | HAClient:
+    """The HA side of the role: a master accepts slaves (and a SYNC_MASTER's sends wait for one); a
+    slave refuses sends and replicates its master (:mod:`broker.engine.ha_master`, :mod:`broker.engine.ha_slave`)."""
+    if settings.broker_role == SLAVE:
+        store.slave_mode = True
+        client = HAClient(store, settings.ha_master_address or None, heartbeat_ms=settings.ha_send_heartbeat_interval,
+                          housekeeping_ms=settings.ha_housekeeping_interval)
+        client.start()
+        return client
+    master = HAMaster(store, settings.listen_host, settings.effective_ha_listen_port,
+                      batch_bytes=settings.ha_transfer_batch_size, heartbeat_ms=settings.ha_send_heartbeat_interval,
+                      housekeeping_ms=settings.ha_housekeeping_interval,
+                      fallbehind_max=settings.ha_slave_fallbehind_max, sync_timeout_ms=settings.sync_flush_timeout)
+    try:
+        master.start()
+    except OSError as exc:
+        # the derived port (listenPort + 1) may be taken by anything on a busy host; an ASYNC_MASTER
+        # then runs as rocketlake ran before replication (no slaves), saying so and registering no HA
+        # address. A configured port, or a SYNC_MASTER (whose sends need a slave), must not start.
+        if settings.ha_listen_port or settings.broker_role == SYNC_MASTER:
+            raise
+        log.error("%s; this master runs without slaves (set haListenPort to a free port to replicate it)", exc)
+    if settings.broker_role == SYNC_MASTER:
+        store.replica_gate = master.replica_status
+    return master
 
 
 # =====================================================================================================

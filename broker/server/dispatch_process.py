@@ -91,7 +91,8 @@ def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, 
                     if commitlog is not None:
                         commitlog.close()
                     commitlog = CommitLog.open(store_path, settings.segment_bytes)  # a new file was rolled
-                dispatcher.catch_up(dispatcher.next_offset, end, commitlog)
+                # a slave's log may start at its master's newest file, past where an empty log began
+                dispatcher.catch_up(max(dispatcher.next_offset, commitlog.min_offset), end, commitlog)
                 dispatcher.next_offset = max(dispatcher.next_offset, end)
                 report = [(t, q, nxt, registry.get(t, q).max_phy_end) for (t, q), nxt in grown.items()]
                 grown.clear()

@@ -13,7 +13,9 @@ Long polling is a reply too: a PULL that finds nothing and may be held comes bac
 from __future__ import annotations
 
 import logging
+import os
 import random
+import shutil
 import threading
 import time
 import zlib
@@ -73,6 +75,7 @@ from broker.server.send_draft import (
     peer_host,
     properties_too_long,
     send_properties,
+    waits_for_store,
 )
 from broker.server.stats import BrokerStatsManager
 from broker.server.settings import BrokerSettings
@@ -157,6 +160,7 @@ class PreparedSend:
     encoded: bytes | None = None  # a drafted send's record, encoded by the network process (records: [])
     topic: str = ""
     delay: bool = True  # whether DELAY may move it to the schedule topic (never a half message)
+    wait: bool = True  # WAIT: a SYNC_MASTER answers only once a slave has it
 
     def put(self) -> tuple[list[MessageRecord], bool, bool] | EncodedPut:
         """What ``MessageStore.put_many`` takes for this send."""
@@ -175,6 +179,26 @@ SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, R
 # SendMessageProcessor's remark for a put refused as MESSAGE_ILLEGAL / PROPERTIES_SIZE_EXCEEDED (4.9.x wording)
 MESSAGE_ILLEGAL_REMARK = ("the message is illegal, maybe msg body or properties length not matched. "
                           "msg body length limit 128k, msg properties length limit 32k.")
+
+
+# sendOK statuses: the message is stored; the code says what was not confirmed (flush, slave)
+_STORED_CODES = frozenset({ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT, ResponseCode.FLUSH_SLAVE_TIMEOUT,
+                           ResponseCode.SLAVE_NOT_AVAILABLE})
+
+
+def service_not_available_remark(store_dir: str | os.PathLike) -> str:
+    """SendMessageProcessor's remark for SERVICE_NOT_AVAILABLE (a slave, a store shutting down), with
+    ``diskUtil()``'s used-space ratios of the commitlog, consume queue and index paths (-1 if absent)."""
+    def used(sub: str) -> float:
+        try:
+            du = shutil.disk_usage(os.path.join(store_dir, sub))
+        except OSError:
+            return -1.0
+        return (du.total - du.free) / du.total if du.total else -1.0
+
+    disk = f"CL: {used('commitlog'):5.2f} CQ: {used('consumequeue'):5.2f} INDEX: {used('index'):5.2f}"
+    return ("service not available now. It may be caused by one of the following reasons: "
+            f"the broker's disk is full [{disk}], messages are put to the slave, message store has been shut down, etc.")
 
 
 def _error(code: int, remark: str) -> Reply:
@@ -202,6 +226,8 @@ _PULL_CODES = {
 _PUT_CODES = {
     PutStatus.PUT_OK: ResponseCode.SUCCESS,
     PutStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
+    PutStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    PutStatus.SLAVE_NOT_AVAILABLE: ResponseCode.SLAVE_NOT_AVAILABLE,
     PutStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
     PutStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
     PutStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
@@ -293,7 +319,7 @@ class BrokerCore:
                 ready.append((i, prepared))
         if ready:
             try:
-                results = self.store.put_many([p.put() for _, p in ready])
+                results = self.store.put_many([p.put() for _, p in ready], waits=[p.wait for _, p in ready])
             except Exception as exc:
                 log.exception("storing %d sends failed", len(ready))
                 results = None
@@ -370,7 +396,7 @@ class BrokerCore:
         target = self._send_target(d.topic, d.default_topic, d.default_topic_queue_nums, d.queue_id, d.peer)
         if isinstance(target, Reply):
             return target
-        return PreparedSend([], False, target[1], d.uniq_key, encoded=d.data, topic=d.topic)
+        return PreparedSend([], False, target[1], d.uniq_key, encoded=d.data, topic=d.topic, wait=d.wait)
 
     def _prepare_send(self, req: Request) -> Reply | PreparedSend:
         h = SendMessageRequestHeader.from_ext(req.ext, v2=req.code in (RequestCode.SEND_MESSAGE_V2,
@@ -404,6 +430,7 @@ class BrokerCore:
         if h.batch:
             return self._send_batch(h, req.body, topic, queue_id, born)
         props = decode_properties(h.properties or "")
+        wait = waits_for_store(props)
         raw = send_properties(props, self._uniq, self.cluster_name)
         if properties_too_long(raw):
             log.info("send to %s from %s: properties of %d chars exceed %d bytes", h.topic, req.peer, len(raw),
@@ -420,8 +447,8 @@ class BrokerCore:
             # stored in the half topic; the reply names the half's ids with the real queue id, as Apache's.
             # Never delayed: a delayed half would come back from the schedule topic as a half again
             return PreparedSend([half_of(rec)], False, queue_id, props.get(PROPERTY_UNIQ_KEY), topic=TRANS_HALF_TOPIC,
-                                delay=False)
-        return PreparedSend([rec], False, queue_id, props.get(PROPERTY_UNIQ_KEY), topic=topic)
+                                delay=False, wait=wait)
+        return PreparedSend([rec], False, queue_id, props.get(PROPERTY_UNIQ_KEY), topic=topic, wait=wait)
 
     def _send_batch(self, h: SendMessageRequestHeader, body: bytes, topic: str, queue_id: int,
                     born: Host) -> Reply | PreparedSend:
@@ -451,13 +478,16 @@ class BrokerCore:
                                          flag=item.flag, sys_flag=h.sys_flag & ~(COMPRESSED_FLAG | COMPRESSION_TYPE_MASK),
                                          born_timestamp=h.born_timestamp, born_host=born,
                                          store_host=self.store_host, reconsume_times=h.reconsume_times or 0))
-        return PreparedSend(records, True, queue_id, None, topic=topic)
+        return PreparedSend(records, True, queue_id, None, topic=topic,
+                            wait=waits_for_store(decode_properties(h.properties or "")))
 
     def _send_reply(self, result: PutResult, queue_id: int, uniq_key: str | None) -> Reply:
         code = _PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
         if code == ResponseCode.MESSAGE_ILLEGAL:
             return _error(code, MESSAGE_ILLEGAL_REMARK)
-        if code not in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT):
+        if code == ResponseCode.SERVICE_NOT_AVAILABLE:
+            return _error(code, service_not_available_remark(self.store.store_dir))
+        if code not in _STORED_CODES:
             return _error(code, result.status.value)
         ext = {"msgId": result.msg_id, "queueId": str(queue_id), "queueOffset": str(result.queue_offset)}
         if uniq_key:

@@ -87,6 +87,11 @@ def peer_host(peer: str) -> Host:
         return Host(bytes(4), 0)
 
 
+def waits_for_store(props: dict[str, str]) -> bool:
+    """``Message.isWaitStoreMsgOK``: true unless ``WAIT`` is ``false`` (read before the broker drops it)."""
+    return props.get(PROPERTY_WAIT) != "false"
+
+
 def send_properties(props: dict[str, str], uniq: UniqKeyGenerator, cluster_name: str) -> str:
     """The properties a single message is stored with: ``WAIT`` dropped, a ``UNIQ_KEY`` when the
     client sent none (5.x brokers do this: ids stay stable), the broker's ``CLUSTER``. Changes
@@ -118,11 +123,12 @@ class SendDraft:
     data: bytes
     peer: str
     channel: object = None
+    wait: bool = True  # WAIT (isWaitStoreMsgOK): a SYNC_MASTER acknowledges it only once a slave has it
 
     def __reduce__(self):
         # crosses the process link once per message: a tuple pickles in half the time of a dataclass
         return SendDraft, (self.code, self.topic, self.queue_id, self.default_topic, self.default_topic_queue_nums,
-                           self.uniq_key, self.body_size, self.data, self.peer, self.channel)
+                           self.uniq_key, self.body_size, self.data, self.peer, self.channel, self.wait)
 
 
 class SendDrafter:
@@ -149,6 +155,7 @@ class SendDrafter:
         props = decode_properties(h.properties or "")
         if PROPERTY_DELAY in props or PROPERTY_CRC32 in props or PROPERTY_TRAN_MSG in props:
             return None
+        wait = waits_for_store(props)
         raw = send_properties(props, self._uniq, self.cluster_name)
         if properties_too_long(raw):
             return None
@@ -160,4 +167,4 @@ class SendDrafter:
         except ValueError:
             return None
         return SendDraft(code, h.topic, h.queue_id, h.default_topic, h.default_topic_queue_nums,
-                         props[PROPERTY_UNIQ_KEY], len(body), data, peer, channel)
+                         props[PROPERTY_UNIQ_KEY], len(body), data, peer, channel, wait)

@@ -438,6 +438,30 @@ class CommitLogWriter:
             self._write_pending()
         return EncodedAppend(physical_offset, size, queue_offset, record)
 
+    def append_raw(self, offset: int, data: bytes) -> None:
+        """A slave's append of bytes its master wrote (records, BLANK, padding), byte for byte at
+        ``offset``, which must be this log's end; the bytes must fit the file ``offset`` is in. At a
+        file's end the next file is created, as the master did."""
+        if offset != self.write_offset:
+            raise ValueError(f"raw append at {offset}, the log ends at {self.write_offset}")
+        if self._pos == self.segment_size:
+            self._new_file(self._base + self.segment_size)
+        if len(data) > self.segment_size - self._pos:
+            raise ValueError(f"{len(data)} bytes at {offset} run past the end of the commitlog file at {self._base}")
+        self._pending += data
+        self._pos += len(data)
+        if len(self._pending) >= self._buffer_bytes:
+            self._write_pending()
+
+    def restart_empty_at(self, base: int) -> None:
+        """An empty log (nothing written) starts over at file ``base`` instead: its empty files go."""
+        if self.write_offset != self._base or self._pos or self._pending:
+            raise ValueError("only an empty commitlog can start at another offset")
+        old = self._base
+        self._close_file()
+        (self.directory / offset_to_file_name(old)).unlink(missing_ok=True)
+        self._new_file(base)
+
     def flush(self, fsync: bool = False) -> None:
         if self._fd is not None:
             self._write_pending(fsync)

@@ -4,7 +4,7 @@ An Apache operator's file must load as it is, but a key that would change what t
 must never be dropped silently. So each key is either
 
 * **ignored with a warning** (``harmless=None``): it tunes something rocketlake does not have or does
-  its own way (JVM thread pools, Netty buffers, HA links of a broker that has no slaves), and running
+  its own way (JVM thread pools, Netty buffers, HA details it does its own way), and running
   without it changes no answer a client gets; or
 * **refused unless it has its "off" value** (``harmless={...}``): turning it on asks for a feature we
   lack (DLedger, SQL92 filtering…), and running without it would be a lie — so
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 _THREADS = "a Java thread pool or queue size; rocketlake sizes its own processes (requestProcesses)"
 _NETTY = "a Netty tuning knob; rocketlake's asyncio remoting server has no such setting"
-_HA = "master/slave replication (HA) is not implemented; a master without slaves has nothing to use it for"
+_HA = "an HA knob rocketlake does not have (the HA address is brokerIP1's; slaves serve every pull they get)"
 _CLEAN = "rocketlake never deletes commitlog or consume queue files (the lake keeps the history)"
 _MMAP = "a page-cache/mmap tuning knob of Java's MappedFile; rocketlake writes files directly"
 _FLUSH = "a flush batching knob; rocketlake flushes every flushIntervalCommitLog/flushIntervalConsumeQueue ms"
@@ -45,12 +45,6 @@ def _off(reason: str, *values: str) -> ApacheOnlyKey:
 APACHE_ONLY_KEYS: dict[str, ApacheOnlyKey] = {
     # identity, paths, HA
     "brokerIP2": ApacheOnlyKey(_HA),
-    "haListenPort": ApacheOnlyKey(_HA),
-    "haMasterAddress": ApacheOnlyKey(_HA),
-    "haSendHeartbeatInterval": ApacheOnlyKey(_HA),
-    "haHousekeepingInterval": ApacheOnlyKey(_HA),
-    "haTransferBatchSize": ApacheOnlyKey(_HA),
-    "haSlaveFallbehindMax": ApacheOnlyKey(_HA),
     "slaveReadEnable": ApacheOnlyKey(_HA),
     "rocketmqHome": ApacheOnlyKey("the Java distribution's home directory; rocketlake does not read it"),
     "brokerConfigPath": ApacheOnlyKey("the file is the one given with -c/--config"),

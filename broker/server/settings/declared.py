@@ -41,13 +41,17 @@ from broker.remoting.tls import (
     TlsMode,
 )
 from broker.server.clients import DEFAULT_CHANNEL_EXPIRED_S
+from broker.engine.ha_frames import MAX_TRANSFER_BODY
 from broker.engine.store_settings import StoreSettings
 from broker.store.constants import FLUSH_DISK_TYPES
 from broker.store.delay import parse_delay_levels
 
 # The store's own defaults (Apache's MessageStoreConfig values) are the settings' defaults: one copy.
 _STORE = StoreSettings()
-ASYNC_MASTER = "ASYNC_MASTER"  # brokerRole: a master without replicas is the only role we play
+ASYNC_MASTER = "ASYNC_MASTER"  # brokerRole: acknowledges a send once stored, replicas catch up later
+SYNC_MASTER = "SYNC_MASTER"  # acknowledges a send once a slave has it too (CommitLog.handleHA)
+SLAVE = "SLAVE"  # replicates a master's commitlog, refuses sends
+BROKER_ROLES = (ASYNC_MASTER, SYNC_MASTER, SLAVE)
 MAX_TOPIC_QUEUE_NUMS = 1024  # per topic and broker; a bound keeps stats requests from looping for ever
 
 
@@ -71,8 +75,8 @@ class BrokerSettings:
     broker_cluster_name: str = _s("brokerClusterName", "DefaultCluster", "cluster the broker registers in")
     broker_name: str = _s("brokerName", "broker-a", "broker name (master and slaves share it)",
                           differs="Apache uses the host name; a fixed name keeps test stores and routes stable")
-    broker_id: int = _s("brokerId", MASTER_ID, "0 = master (the only role rocketlake plays)")
-    broker_role: str = _s("brokerRole", ASYNC_MASTER, "replication role; only ASYNC_MASTER (no replicas) is supported")
+    broker_id: int = _s("brokerId", MASTER_ID, "0 = master; a slave has an id >= 1")
+    broker_role: str = _s("brokerRole", ASYNC_MASTER, "ASYNC_MASTER, SYNC_MASTER (a send waits for a slave) or SLAVE")
     broker_ip1: str = _s("brokerIP1", "127.0.0.1", "address written into STOREHOST and registered with the name server",
                          differs="Apache picks a local interface address; loopback unless configured")
     listen_port: int = _s("listenPort", 10911, "TCP port of the remoting server",
@@ -110,6 +114,19 @@ class BrokerSettings:
     access_message_in_memory_max_ratio: int = _s("accessMessageInMemoryMaxRatio",
                                                  _STORE.access_message_in_memory_max_ratio,
                                                  "% of RAM behind the end beyond which a pull counts as from disk")
+    # ---- replication (MessageStoreConfig) --------------------------------------------------------------
+    ha_listen_port: int = _s("haListenPort", 0, "TCP port a master accepts its slaves on (0 = listenPort + 1)",
+                             differs="Apache's BrokerStartup always overrides it with listenPort + 1; 0 asks for that, "
+                                     "any other value is honoured")
+    ha_master_address: str = _s("haMasterAddress", "", "a slave's master HA address host:port (empty: the one the "
+                                "name server's registration result carries)")
+    ha_send_heartbeat_interval: int = _s("haSendHeartbeatInterval", 5_000,
+                                         "ms between a slave's offset reports and a master's idle heartbeats")
+    ha_housekeeping_interval: int = _s("haHousekeepingInterval", 20_000,
+                                       "ms without a byte from the other side before an HA connection is dropped")
+    ha_transfer_batch_size: int = _s("haTransferBatchSize", 32 * 1024, "most commitlog bytes in one HA transfer")
+    ha_slave_fallbehind_max: int = _s("haSlaveFallbehindMax", 256 * 1024 * 1024,
+                                      "bytes a slave may lag before a SYNC_MASTER answers SLAVE_NOT_AVAILABLE")
     # ---- topics and groups (BrokerConfig) ---------------------------------------------------------------
     auto_create_topic_enable: bool = _s("autoCreateTopicEnable", _STORE.auto_create_topic_enable,
                                         "create unknown topics on first send")
@@ -188,12 +205,19 @@ class BrokerSettings:
     def __post_init__(self) -> None:
         if self.flush_disk_type not in FLUSH_DISK_TYPES:
             raise SettingsError(f"flushDiskType must be one of {FLUSH_DISK_TYPES}, got {self.flush_disk_type!r}")
-        if self.broker_id != MASTER_ID:
-            raise SettingsError(f"brokerId {self.broker_id}: not supported by rocketlake: a non-zero id registers a "
-                                f"slave, and it has no replication (only {MASTER_ID}, the master)")
-        if self.broker_role != ASYNC_MASTER:
-            raise SettingsError(f"brokerRole {self.broker_role!r}: not supported by rocketlake: it has no replication, "
-                                f"only {ASYNC_MASTER} (a master without slaves) is")
+        if self.broker_role not in BROKER_ROLES:
+            raise SettingsError(f"brokerRole must be one of {BROKER_ROLES}, got {self.broker_role!r}")
+        if self.broker_role == SLAVE and self.broker_id <= MASTER_ID:
+            raise SettingsError(f"brokerId {self.broker_id}: a SLAVE's brokerId must be > {MASTER_ID}")
+        if self.broker_role != SLAVE and self.broker_id != MASTER_ID:
+            raise SettingsError(f"brokerId {self.broker_id}: the brokerId of a {self.broker_role} must be {MASTER_ID}")
+        if not 0 <= self.ha_listen_port < 65536:
+            raise SettingsError(f"haListenPort {self.ha_listen_port} is not a TCP port")
+        if self.ha_transfer_batch_size > MAX_TRANSFER_BODY:
+            raise SettingsError(f"haTransferBatchSize {self.ha_transfer_batch_size} is more than a slave can read "
+                                f"in one transfer ({MAX_TRANSFER_BODY} bytes)")
+        if self.ha_master_address and not _is_host_port(self.ha_master_address):
+            raise SettingsError(f"haMasterAddress must be host:port, got {self.ha_master_address!r}")
         if not 0 < self.listen_port < 65536:
             raise SettingsError(f"listenPort {self.listen_port} is not a TCP port")
         if self.request_processes < 1:
@@ -204,7 +228,9 @@ class BrokerSettings:
         for name in ("max_transfer_count_on_message_in_memory", "max_transfer_bytes_on_message_in_memory",
                      "short_polling_time_mills", "client_channel_max_idle_time_seconds", "flush_interval_commit_log",
                      "flush_interval_consume_queue", "flush_consumer_offset_interval", "sync_flush_timeout",
-                     "max_message_size", "max_frame_length", "transaction_check_interval"):
+                     "max_message_size", "max_frame_length", "transaction_check_interval",
+                     "ha_send_heartbeat_interval", "ha_housekeeping_interval", "ha_transfer_batch_size",
+                     "ha_slave_fallbehind_max"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{key_of(name)} must be >= 1, got {getattr(self, name)}")
         try:
@@ -243,11 +269,25 @@ class BrokerSettings:
         return f"{self.broker_ip1}:{self.listen_port}"
 
     @property
+    def effective_ha_listen_port(self) -> int:
+        return self.ha_listen_port or self.listen_port + 1
+
+    @property
+    def ha_server_addr(self) -> str:
+        """What a master registers as its HA address (Apache: brokerIP2:haListenPort; IP2 is IP1 here)."""
+        return f"{self.broker_ip1}:{self.effective_ha_listen_port}"
+
+    @property
     def namesrv_addrs(self) -> list[str]:
         return [a.strip() for a in self.namesrv_addr.replace(",", ";").split(";") if a.strip()]
 
     def with_overrides(self, **values: Any) -> "BrokerSettings":
         return replace(self, **{k: v for k, v in values.items() if v is not None})
+
+
+def _is_host_port(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
 SETTING_FIELDS: dict[str, Field] = {f.metadata["key"]: f for f in fields(BrokerSettings)}  # broker.conf key → field
