@@ -17,7 +17,13 @@ for 1 KiB messages:
 3. saturation: ``--producers`` processes × ``--threads`` threads of our Python Producer (sync sends);
 4. fixed rate: ``--rate`` msg/s spread over the producers;
 5. the C++ client (``rocketmq`` wheel) with the same number of producer processes;
-6. phase 2 again on a SYNC_FLUSH broker (``--skip-sync-flush`` leaves it out).
+6. phase 2 again on a SYNC_FLUSH broker (``--skip-sync-flush`` leaves it out);
+7. replication (``--skip-replication`` leaves it out): the pipelined load on an ASYNC_MASTER and
+   then a SYNC_MASTER, each with a slave broker on the same machine, next to phase 2's figure (no
+   slave) — with the slave's lag sampled every 100 ms from both brokers' ``commitLogMaxOffset``
+   (GET_BROKER_RUNTIME_INFO, what ``mqadmin brokerStatus`` shows): in bytes, and in ms as the time
+   from the master holding a byte to the slave holding it; then how long the slave takes to catch up
+   after the load stops.
 
 After each phase, the CPU per acknowledged message of each broker process (store, dispatcher,
 network processes together) and of the load generator, from /proc.
@@ -372,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="offered rates of the paced pipelined load, msg/s in total (default 1000 5000 10000)")
     ap.add_argument("--skip-cpp", action="store_true")
     ap.add_argument("--skip-sync-flush", action="store_true", help="no SYNC_FLUSH phases at the end")
+    ap.add_argument("--skip-replication", action="store_true", help="no master/slave phases at the end")
     ap.add_argument("--raw-messages", type=int, default=100_000,
                     help="records of the raw-append measurement (default 100000, at least 1000)")
     ap.add_argument("--root", type=Path, default=None,
@@ -410,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
             broker.stop()
             if not args.skip_sync_flush:
                 sync_flush_phases(tmp, ns_addr, args)
+            if not args.skip_replication:
+                replication_phases(tmp, ns_addr, args, pipe)
         finally:
             broker.stop()
             ns.terminate()
@@ -441,6 +450,103 @@ def sync_flush_phases(tmp: Path, ns_addr: str, args: argparse.Namespace) -> None
         pipelined_phases(broker, args, "SYNC_FLUSH ")
     finally:
         broker.stop()
+
+
+def commitlog_max_offset(addr: str) -> int:
+    """The broker's ``commitLogMaxOffset`` from GET_BROKER_RUNTIME_INFO (a slave's: what it holds)."""
+    from broker.remoting.codes import RequestCode
+    from broker.remoting.command import RemotingCommand
+    from broker.remoting.transport import SyncRemotingClient
+
+    with SyncRemotingClient(addr) as client:
+        reply = client.invoke(RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO, {}), timeout=5)
+    return int(json.loads(reply.body)["table"]["commitLogMaxOffset"])
+
+
+class LagSampler:
+    """Samples the master's and the slave's ``commitLogMaxOffset`` every ``interval`` s on a thread.
+
+    Lag in bytes is the difference at one sample; lag in ms, for each master sample, is the time
+    until the first slave sample at or past that offset (the time a byte the master held took to be
+    on the slave, within the sampling interval)."""
+
+    def __init__(self, master: str, slave: str, interval: float = 0.1) -> None:
+        import threading
+
+        self.master, self.slave, self.interval = master, slave, interval
+        self.samples: list[tuple[float, int, int]] = []  # (monotonic s, master offset, slave offset)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t = time.monotonic()
+            # the slave read between two reads of the master: the master's offset at that moment is
+            # taken as their midpoint (one read after the other would count the time between as lag)
+            before, held, after = (commitlog_max_offset(self.master), commitlog_max_offset(self.slave),
+                                   commitlog_max_offset(self.master))
+            self.samples.append((t, (before + after) // 2, held))
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - t)))
+
+    def __enter__(self) -> "LagSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict:
+        lag_bytes = [max(0, m - s) for _, m, s in self.samples]
+        lag_ms = []
+        for i, (t, m, _) in enumerate(self.samples):
+            caught = next((t2 for t2, _, s2 in self.samples[i:] if s2 >= m), None)
+            if caught is not None:
+                lag_ms.append(1000 * (caught - t))
+        pct = lambda xs, q: sorted(xs)[min(len(xs) - 1, int(len(xs) * q))] if xs else 0  # noqa: E731
+        return {"samples": len(self.samples), "bytes_mean": statistics.fmean(lag_bytes) if lag_bytes else 0,
+                "bytes_max": max(lag_bytes, default=0), "ms_p50": pct(lag_ms, 0.5), "ms_p99": pct(lag_ms, 0.99),
+                "ms_max": max(lag_ms, default=0)}
+
+
+def replication_phases(tmp: Path, ns_addr: str, args: argparse.Namespace, no_slave: dict) -> None:
+    """The pipelined load on an ASYNC_MASTER and on a SYNC_MASTER, each with a slave on this machine
+    (its three processes share the two cores with the master's and the load's), beside ``no_slave``
+    (phase 2 of the same run): send rate, p99, and the slave's lag."""
+    from broker.server.launcher import free_port
+
+    rates = {"no slave": no_slave}
+    for role in ("ASYNC_MASTER", "SYNC_MASTER"):
+        ha_port = free_port()
+        name = f"bench-{role.lower()}"
+        common = {"mappedFileSizeCommitLog": 1 << 30, "brokerName": name}
+        master = start_broker(tmp / f"store-{role}", ns_addr, {**common, "brokerRole": role, "haListenPort": ha_port})
+        slave = None
+        try:
+            slave = start_broker(tmp / f"store-{role}-slave", ns_addr,
+                                 {**common, "brokerRole": "SLAVE", "brokerId": 1,
+                                  "haMasterAddress": f"127.0.0.1:{ha_port}"})
+            run_pipelined(master.addr, 1, 1, 1, min(1.0, args.seconds))  # topic, routes, connections, HA link
+            with CpuMeter(master.proc.pid) as cpu, LagSampler(master.addr, slave.addr) as lag:
+                pipe = run_pipelined(master.addr, 2, 4, 16, args.seconds)
+            print(line(f"{role} + slave: pipelined load", pipe))
+            print("  " + cpu.per_message(pipe))
+            lag_stats = lag.summary()
+            target, t0 = commitlog_max_offset(master.addr), time.monotonic()
+            while commitlog_max_offset(slave.addr) < target and time.monotonic() - t0 < 60:
+                time.sleep(0.01)
+            caught_up = time.monotonic() - t0
+            print(f"  slave lag under load ({lag_stats['samples']} samples): {lag_stats['bytes_mean'] / 1024:,.0f} KiB "
+                  f"mean, {lag_stats['bytes_max'] / 1024:,.0f} KiB max; {lag_stats['ms_p50']:.0f} ms p50, "
+                  f"{lag_stats['ms_p99']:.0f} ms p99, {lag_stats['ms_max']:.0f} ms max; "
+                  f"caught up {1000 * caught_up:.0f} ms after the load stopped")
+            rates[role] = pipe
+        finally:
+            if slave is not None:
+                slave.stop()
+            master.stop()
+    print("send rate, same run: " + "; ".join(f"{k} {v['rate']:,.0f} msg/s (p99 {v['p99_ms'] or 0:.1f} ms)"
+                                              for k, v in rates.items()))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,12 @@ SMOKE: dict[str, Smoke] = {
                         rf"^SYNC_FLUSH pipelined at 300 msg/s offered\s+{NUM} msg/s\s+p50",
                         rf"^python producers 1x1 \(saturation\)\s+{NUM} msg/s",
                         rf"^python producers at 500 msg/s\s+{NUM} msg/s",
-                        r"^broker vs raw append: [\d.]+%"), timeout=90),
+                        r"^broker vs raw append: [\d.]+%",
+                        rf"^ASYNC_MASTER \+ slave: pipelined load\s+{NUM} msg/s\s+p50",
+                        rf"^SYNC_MASTER \+ slave: pipelined load\s+{NUM} msg/s\s+p50",
+                        r"^  slave lag under load \(\d+ samples\): [\d,]+ KiB mean, .* ms p99, .* caught up \d+ ms",
+                        rf"^send rate, same run: no slave {NUM} msg/s .*; ASYNC_MASTER {NUM} msg/s .*; "
+                        rf"SYNC_MASTER {NUM} msg/s"), timeout=150),
     "ingest": Smoke(("--sizes-gib", "0.01", "--broker-max-gib", "0.01", "--root", "{tmp}"),
                     (rf"^ingest e2e\s+{NUM} MB/s\s+\({NUM} messages/s",
                      rf"^broker path\s+{NUM} MB/s",
