@@ -356,7 +356,9 @@ def test_sync_master_killed_during_sends_loses_no_acknowledged_message(tmp_path:
 
 def test_slave_ahead_of_its_master_is_cut_back(tmp_path: Path, namesrv: str) -> None:
     """The master loses its tail (here: it comes back on a copy of its store taken earlier); the slave,
-    which holds more, cuts its log back to the master's end when it starts, then follows again."""
+    which holds more, keeps it by default (it may be the only copy of acknowledged messages) and does
+    not follow; with haSlaveCutBackToMaster it cuts its log back to the master's end when it starts,
+    then follows again."""
     master = start_master(tmp_path, namesrv)
     ha_port = int(master.ha_addr.rpartition(":")[2])
     slave = start_slave(tmp_path, namesrv, master.ha_addr)
@@ -383,7 +385,13 @@ def test_slave_ahead_of_its_master_is_cut_back(tmp_path: Path, namesrv: str) -> 
         wait_until(lambda: "restart the slave to cut its log back" in slave.log.read_text(),
                    "the running slave to find its master behind it")
         assert slave.stop() == 0
-        slave = start_slave(tmp_path, namesrv, master.ha_addr)
+        held = uniq_keys(slave.store)
+        slave = start_slave(tmp_path, namesrv, master.ha_addr)  # by default nothing is cut
+        wait_until(lambda: "are held by this slave only; it keeps them and does not follow" in slave.log.read_text(),
+                   "the restarted slave to refuse to cut")
+        assert slave.stop() == 0
+        assert uniq_keys(slave.store) == held and sum(held.values()) == 80
+        slave = start_slave(tmp_path, namesrv, master.ha_addr, haSlaveCutBackToMaster=True)
         for i in range(10):
             assert send_to(master.addr, topic, f"third-{i}".encode()).code == ResponseCode.SUCCESS
         wait_replicated(master, slave)

@@ -96,9 +96,15 @@ def truncate_commitlog(store_dir: str | Path, segment_bytes: int, offset: int) -
     return cut
 
 
-def truncate_ahead_of_master(store_dir: str | Path, segment_bytes: int, master_addr: str | None) -> int | None:
+def truncate_ahead_of_master(store_dir: str | Path, segment_bytes: int, master_addr: str | None,
+                             cut_back: bool = True) -> int | None:
     """A slave whose log is ahead of its master's (the master lost its tail) cuts it back before
-    opening, so the two logs are one history again; returns the new end, or None if nothing was cut."""
+    opening, so the two logs are one history again; returns the new end, or None if nothing was cut.
+
+    Only with ``cut_back`` (``haSlaveCutBackToMaster``): the records past the master's end may be the
+    only copy of acknowledged messages (a SYNC_MASTER acknowledged them once this slave had them), so
+    by default they are kept and the slave says which range only it holds; it then does not follow
+    (its HA client finds the master behind and retries), and nothing is deleted without an operator."""
     if not master_addr:
         return None
     log_ = CommitLog.open(store_dir, segment_bytes)
@@ -107,6 +113,11 @@ def truncate_ahead_of_master(store_dir: str | Path, segment_bytes: int, master_a
     end = log_.data_end()
     master_end = probe_master_end(master_addr, end)
     if master_end is None:
+        return None
+    if not cut_back:
+        log.error("slave commitlog ends at %d, past its master's end %d: commitlog offsets [%d, %d) are held by "
+                  "this slave only; it keeps them and does not follow (copy them to the master or promote this "
+                  "slave; haSlaveCutBackToMaster=true cuts them off instead)", end, master_end, master_end, end)
         return None
     cut = truncate_commitlog(store_dir, segment_bytes, master_end)
     log.warning("slave commitlog ended at %d, past its master's end %d: cut back to it (%d bytes)",
@@ -200,7 +211,8 @@ class HAClient:
                         mine = self.store.replica_end
                         if transfer.is_heartbeat and transfer.offset < mine:
                             raise MasterBehind(f"the master's log ends at {transfer.offset}, before this slave's "
-                                               f"end {mine}: restart the slave to cut its log back")
+                                               f"end {mine}: restart the slave to cut its log back "
+                                               f"(haSlaveCutBackToMaster=true) or copy the range to the master")
                         if mine != 0 and transfer.offset != mine:  # HAClient.dispatchReadRequest
                             raise ReplicaError(f"master sent offset {transfer.offset}, slave's log ends at {mine}")
                         if transfer.body:

@@ -214,7 +214,8 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     if settings.broker_role == SLAVE:
         from broker.engine.ha_slave import truncate_ahead_of_master
 
-        truncate_ahead_of_master(store_dir, settings.mapped_file_size_commit_log, settings.ha_master_address)
+        truncate_ahead_of_master(store_dir, settings.mapped_file_size_commit_log, settings.ha_master_address,
+                                 settings.ha_slave_cut_back)
     store = MessageStore(store_dir, store_settings(settings))
     report = store.open()
     log.info("store opened: %s", report.summary() if hasattr(report, "summary") else report)

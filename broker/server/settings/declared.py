@@ -120,6 +120,11 @@ class BrokerSettings:
                                      "any other value is honoured")
     ha_master_address: str = _s("haMasterAddress", "", "a slave's master HA address host:port (empty: the one the "
                                 "name server's registration result carries)")
+    ha_slave_cut_back: bool = _s("haSlaveCutBackToMaster", False,
+                                 "a slave starting with more commitlog than its master (the master lost a tail) cuts "
+                                 "its own back to the master's end and follows again; off: it keeps every record, "
+                                 "refuses to follow and says which range only it holds (those records may have "
+                                 "been acknowledged: copy them back or promote the slave)", ours=True)
     ha_send_heartbeat_interval: int = _s("haSendHeartbeatInterval", 5_000,
                                          "ms between a slave's offset reports and a master's idle heartbeats")
     ha_housekeeping_interval: int = _s("haHousekeepingInterval", 20_000,
