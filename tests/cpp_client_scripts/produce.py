@@ -1,4 +1,5 @@
-"""Send messages with the C++ client: ``produce.py NAMESRV GROUP SPEC.json [--access-key AK --secret-key SK]``.
+"""Send messages with the C++ client: ``produce.py NAMESRV GROUP SPEC.json [--access-key AK --secret-key SK]
+[--stop-file PATH]`` (the sends stop, and the results are printed, once PATH exists).
 
 SPEC: {"topic": str, "messages": [{"seq", "mode": sync|async|oneway|orderly|batch, "keys"?, "tags"?,
 "props": {name: value}, "body": str, "arg"? (orderly), "batch"? (batch id: consecutive messages with
@@ -90,6 +91,7 @@ def main() -> int:
     p.add_argument("group")
     p.add_argument("spec")
     add_credential_args(p)
+    p.add_argument("--stop-file", default=None, help="stop sending once this file exists (and print the results)")
     a = p.parse_args()
     namesrv, group = a.namesrv, a.group
     spec = json.loads(open(a.spec, encoding="utf-8").read())
@@ -105,6 +107,8 @@ def main() -> int:
     started = time.time()
     i = 0
     while i < len(messages):
+        if a.stop_file and os.path.exists(a.stop_file):
+            break
         m = messages[i]
         mode = m["mode"]
         try:
