@@ -20,7 +20,7 @@ for 1 KiB messages:
 6. phase 2 again on a SYNC_FLUSH broker (``--skip-sync-flush`` leaves it out);
 7. replication (``--skip-replication`` leaves it out): the pipelined load on an ASYNC_MASTER and
    then a SYNC_MASTER, each with a slave broker on the same machine, next to phase 2's figure (no
-   slave) — with the slave's lag sampled every 100 ms from both brokers' ``commitLogMaxOffset``
+   slave) — with the slave's lag sampled every 50 ms from both brokers' ``commitLogMaxOffset``
    (GET_BROKER_RUNTIME_INFO, what ``mqadmin brokerStatus`` shows): in bytes, and in ms as the time
    from the master holding a byte to the slave holding it; then how long the slave takes to catch up
    after the load stops.
@@ -467,10 +467,10 @@ class LagSampler:
     """Samples the master's and the slave's ``commitLogMaxOffset`` every ``interval`` s on a thread.
 
     Lag in bytes is the difference at one sample; lag in ms, for each master sample, is the time
-    until the first slave sample at or past that offset (the time a byte the master held took to be
-    on the slave, within the sampling interval)."""
+    until the slave's offset passed it, interpolated between the two slave samples around that moment
+    (the time a byte the master held took to be on the slave)."""
 
-    def __init__(self, master: str, slave: str, interval: float = 0.1) -> None:
+    def __init__(self, master: str, slave: str, interval: float = 0.05) -> None:
         import threading
 
         self.master, self.slave, self.interval = master, slave, interval
@@ -499,10 +499,17 @@ class LagSampler:
     def summary(self) -> dict:
         lag_bytes = [max(0, m - s) for _, m, s in self.samples]
         lag_ms = []
-        for i, (t, m, _) in enumerate(self.samples):
-            caught = next((t2 for t2, _, s2 in self.samples[i:] if s2 >= m), None)
-            if caught is not None:
-                lag_ms.append(1000 * (caught - t))
+        for i, (t, m, s) in enumerate(self.samples):
+            if s >= m:
+                lag_ms.append(0.0)
+                continue
+            # the moment the slave's offset passed m, interpolated between the two samples around it
+            prev_t, prev_s = t, s
+            for t2, _, s2 in self.samples[i + 1:]:
+                if s2 >= m:
+                    lag_ms.append(1000 * (prev_t + (t2 - prev_t) * (m - prev_s) / (s2 - prev_s) - t))
+                    break
+                prev_t, prev_s = t2, s2
         pct = lambda xs, q: sorted(xs)[min(len(xs) - 1, int(len(xs) * q))] if xs else 0  # noqa: E731
         return {"samples": len(self.samples), "bytes_mean": statistics.fmean(lag_bytes) if lag_bytes else 0,
                 "bytes_max": max(lag_bytes, default=0), "ms_p50": pct(lag_ms, 0.5), "ms_p99": pct(lag_ms, 0.99),
