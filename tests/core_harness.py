@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from broker.engine.store_settings import StoreSettings
-from broker.remoting.codes import PullSysFlag, RequestCode
+from broker.remoting.codes import PullSysFlag, RequestCode, ResponseCode
 from broker.remoting.headers import SendMessageRequestHeader
 from broker.server.metadata import BrokerMetadata
 from broker.server.processors import BrokerCore, Request
@@ -81,3 +81,13 @@ class Env:
 
     def config(self, name: str) -> dict:
         return read_config_json(self.root / "config" / name).data
+
+    def close(self) -> None:
+        self.metadata.close()
+        self.store.close()
+
+
+def ok(reply):
+    """``reply`` after checking it is SUCCESS (its code and remark shown when not)."""
+    assert reply.code == ResponseCode.SUCCESS, (reply.code, reply.remark)
+    return reply

@@ -22,6 +22,8 @@ from dataclasses import replace
 from typing import Callable
 
 from broker.server.dispatch_process import ExternalDispatcher
+from broker.store.columnar import decode_range
+from broker.store.commitlog import CommitLog
 from broker.engine.message_store import MessageStore
 from broker.engine.store_settings import StoreSettings
 
@@ -95,3 +97,15 @@ def close_left_open(before: frozenset[DispatchedStore] = frozenset()) -> list[st
             log.exception("closing %s, left open by a test, failed", st.store_dir)
             st.abandon()
     return [str(st.store_dir) for st in left]
+
+
+def decoded_rows(store: str | os.PathLike, columns: list[str] | None = None) -> list[dict]:
+    """Every record of ``store``'s commitlog as the bulk decoder's rows (``columns`` of them, or all),
+    checking that the walk found nothing wrong: the expected values tests compare against."""
+    log = CommitLog.open(store)
+    out: list[dict] = []
+    for seg in log.segments:
+        table, stats = decode_range(seg.open(), seg.base, log.segment_size, file_name=str(seg.path))
+        assert stats.findings == []
+        out += (table.select(columns) if columns else table).to_pylist()
+    return out

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from broker.store import findings as fk
-from broker.store.columnar import decode_range
 from broker.store.commitlog import CommitLog
 from broker.store.constants import BLANK_MAGIC_CODE, CQ_STORE_UNIT_SIZE, signed32
 from broker.store.consume_queue import ConsumeQueue, list_queues, queue_dir
@@ -21,6 +20,7 @@ from broker.store.index_file import IndexService
 from broker.store.message import BlankRecord, MessageRecord
 from broker.store.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, SCHEDULE_TOPIC, TRANS_HALF_TOPIC
 from broker.store.verify import verify_store
+from tests.store_harness import decoded_rows
 
 MESSAGES = 3000
 SEG = 256 * 1024
@@ -42,13 +42,7 @@ def generated(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def rows(generated) -> list[dict]:
-    log = CommitLog.open(generated)
-    out = []
-    for seg in log.segments:
-        table, stats = decode_range(seg.open(), seg.base, log.segment_size, file_name=str(seg.path))
-        assert stats.findings == []
-        out += table.to_pylist()
-    return out
+    return decoded_rows(generated)
 
 
 def _files(root: Path) -> dict[str, bytes]:

@@ -51,7 +51,7 @@ from broker.store.constants import (
 from broker.store.message import decode_record
 from broker.store.properties import encode_properties
 from broker.store.topics import DEFAULT_TOPIC, SCHEDULE_TOPIC
-from tests.core_harness import ADDR, BROKER, CLUSTER, MAX_BODY, PEER, Env
+from tests.core_harness import ADDR, BROKER, CLUSTER, MAX_BODY, PEER, Env, ok
 from tests.store_harness import DispatchedStore
 
 
@@ -61,8 +61,7 @@ def env(tmp_path, request):
     a store-process caller such as the schedule service's deliveries would)."""
     e = Env(tmp_path / "store", drafting=request.param == "drafted")
     yield e
-    e.metadata.close()
-    e.store.close()
+    e.close()
 
 
 @pytest.fixture
@@ -70,13 +69,7 @@ def strict(tmp_path):
     """autoCreateTopicEnable=false, autoCreateSubscriptionGroup=false."""
     e = Env(tmp_path / "strict", auto_create_topic=False, auto_create_group=False)
     yield e
-    e.metadata.close()
-    e.store.close()
-
-
-def ok(reply):
-    assert reply.code == ResponseCode.SUCCESS, (reply.code, reply.remark)
-    return reply
+    e.close()
 
 
 def stored(env: Env, topic: str, queue_id: int, offset: int = 0):

@@ -17,11 +17,11 @@ import pytest
 from broker.cli import main as cli_main
 from broker.engine.message_store import MessageStore
 from broker.engine.store_settings import StoreSettings
-from broker.store.columnar import decode_range
 from broker.store.commitlog import CommitLog
 from broker.store.consume_queue import queue_dir
 from broker.store.generate import GenerateSpec, generate_store
 from broker.store.replica import AHEAD, DIVERGENT, IN_SYNC, LAGGING, ReplicaError, compare_stores
+from tests.store_harness import decoded_rows
 
 SEG = 128 * 1024
 CQ_FILE = 6000
@@ -38,14 +38,8 @@ def master(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def rows(master) -> list[dict]:
-    log = CommitLog.open(master)
-    out = []
-    for seg in log.segments:
-        table, stats = decode_range(seg.open(), seg.base, log.segment_size, file_name=str(seg.path))
-        assert stats.findings == []
-        out += table.select(["commitlog_offset", "store_size", "topic", "queue_id", "queue_offset",
-                             "store_timestamp", "offset_msg_id", "compression", "body"]).to_pylist()
-    return out
+    return decoded_rows(master, ["commitlog_offset", "store_size", "topic", "queue_id", "queue_offset",
+                                 "store_timestamp", "offset_msg_id", "compression", "body"])
 
 
 def _end(rows: list[dict]) -> int:

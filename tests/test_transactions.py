@@ -42,7 +42,7 @@ from broker.store.topics import (
     TRANS_OP_HALF_TOPIC,
 )
 from tests.broker_harness import cluster, drain, start_broker, start_namesrv, stored_messages, wait_until
-from tests.core_harness import ADDR, CLUSTER, PEER, Env
+from tests.core_harness import ADDR, CLUSTER, PEER, Env, ok
 
 START_MS = 1_800_000_000_000
 
@@ -91,13 +91,7 @@ class TxnEnv(Env):
 def txn(tmp_path):
     env = TxnEnv(tmp_path / "store", BrokerSettings(transaction_time_out=6_000, transaction_check_max=2))
     yield env
-    env.metadata.close()
-    env.store.close()
-
-
-def ok(reply):
-    assert reply.code == ResponseCode.SUCCESS, (reply.code, reply.remark)
-    return reply
+    env.close()
 
 
 def test_a_transactional_send_is_stored_as_a_half_message(txn):
