@@ -83,7 +83,7 @@ def test_every_setting_is_declared_once_with_name_type_default_and_doc():
         assert f.type in ("int", "str", "bool"), key
     assert not set(SETTING_FIELDS) & set(APACHE_ONLY_KEYS)
     assert {k for k, f in SETTING_FIELDS.items() if f.metadata["ours"]} == {
-        "listenHost", "requestProcesses", "maxFrameLength", "aclFilePath"}
+        "listenHost", "requestProcesses", "maxFrameLength", "aclFilePath", "haSlaveCutBackToMaster"}
     assert RUNTIME_KEYS == {"maxTransferCountOnMessageInMemory", "maxTransferBytesOnMessageInMemory",
                             "longPollingEnable", "shortPollingTimeMills", "clientChannelMaxIdleTimeSeconds",
                             "rejectTransactionMessage", "transactionTimeOut", "transactionCheckMax",
