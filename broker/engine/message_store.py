@@ -579,7 +579,7 @@ class MessageStore:
             status = PutStatus.PUT_OK
             if self.settings.flush_disk_type == SYNC_FLUSH and not self._sync_to(end):
                 status = PutStatus.FLUSH_DISK_TIMEOUT
-            replica_status = self._replicate(end, [i for i, _, _ in appended if waits is None or waits[i]])
+            replica_status = self._replicate(end, appended, waits)
             for i, placed_results, ts in appended:
                 if i in replica_status:  # a replica's status overrides the flush's (asyncPutMessage)
                     status_i = replica_status[i]
@@ -604,11 +604,15 @@ class MessageStore:
         for fn in self._commit_watchers:
             fn(end)
 
-    def _replicate(self, end: int, waiting: list[int]) -> dict[int, PutStatus]:
+    def _replicate(self, end: int, appended: list, waits: Sequence[bool] | None) -> dict[int, PutStatus]:
         """SYNC_MASTER (``CommitLog.handleHA``): the replica status of the appended puts (by index)
         that had to wait until a slave holds the commitlog up to ``end`` and did not get there; empty
-        when there is no gate. The puts appended together wait once, for the end of them all."""
-        if self.replica_gate is None or not waiting:
+        when there is no gate (no per-send work then). The puts appended together wait once, for the
+        end of them all."""
+        if self.replica_gate is None:
+            return {}
+        waiting = [i for i, _, _ in appended if waits is None or waits[i]]
+        if not waiting:
             return {}
         status = self.replica_gate(end)
         return {} if status is PutStatus.PUT_OK else {i: status for i in waiting}
