@@ -12,6 +12,7 @@ follows its progress — the mode the multiprocess broker runs.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import shutil
 import threading
@@ -23,8 +24,17 @@ import numpy as np
 from broker.engine.store_settings import StoreSettings
 from broker.store.clock import now_ms
 from broker.store.commitlog import CommitLog, offset_to_file_name
-from broker.store.constants import CONSUME_QUEUE_DIR, CQ_STORE_UNIT_SIZE, is_indexed, is_queued
+from broker.store.constants import (
+    CONSUME_QUEUE_DIR,
+    CQ_STORE_UNIT_SIZE,
+    NOT_INDEXED_TRANSACTION_TYPE,
+    QUEUED_TRANSACTION_TYPES,
+    TRANSACTION_TYPE_MASK,
+    is_indexed,
+    is_queued,
+)
 from broker.store.consume_queue import CQ_UNIT_DTYPE, ConsumeQueueDispatcher, MinOffsetRule, QueueFiles
+from broker.store.dispatch_fields import RunFields
 from broker.store.index_file import IndexService
 from broker.store.message import MessageRecord
 
@@ -209,6 +219,57 @@ class Dispatcher:
             changed += did
         if records:
             self.next_offset = records[-1].physical_offset + records[-1].total_size
+        self._publish(touched, records[-1].store_timestamp if records else None)
+        return changed
+
+    def dispatch_run(self, run: RunFields, raw: bytes | mmap.mmap) -> int:
+        """:meth:`dispatch` for a run of records read by the compiled walk
+        (:meth:`CommitLog.follow_runs`; ``raw`` the file they lie in, for their topics): the same
+        rules and order (index, then queues), per index file and per queue instead of per record."""
+        n = run.n
+        if not n:
+            return 0
+        tx = run.sys_flag & TRANSACTION_TYPE_MASK
+        did = np.zeros(n, np.bool_)
+        indexed = np.flatnonzero((tx != NOT_INDEXED_TRANSACTION_TYPE) & (run.phy > self._index_watermark))
+        if len(indexed):
+            with self.index_lock:
+                did[indexed] = self.index.dispatch_rows(run.phy[indexed], run.store_ts[indexed],
+                                                        run.key_first[indexed], run.key_count[indexed], run.key_hash)
+                self._index_watermark = int(run.phy[indexed[-1]])
+        groups: dict[tuple[str, int], list[int]] = {}
+        names: dict[bytes, str] = {}
+        queued = np.flatnonzero(np.isin(tx, QUEUED_TRANSACTION_TYPES))
+        for i, at, ln, qid in zip(queued.tolist(), run.topic_at[queued].tolist(), run.topic_len[queued].tolist(),
+                                  run.queue_id[queued].tolist()):
+            raw_topic = raw[at:at + ln]
+            topic = names.get(raw_topic)
+            if topic is None:  # the walk passes ASCII topics only
+                topic = names[raw_topic] = raw_topic.decode("ascii")
+            groups.setdefault((topic, qid), []).append(i)
+        touched: dict[tuple[str, int], list[int]] = {}
+        for (topic, qid), rows in groups.items():
+            idx = np.asarray(rows, np.int64)
+            fence = self.topic_fences.get(topic) if self.topic_fences else None
+            if fence is not None:
+                idx = idx[run.phy[idx] >= fence]
+                if not len(idx):
+                    continue
+            written = self.cq.queue(topic, qid).put_many(run.queue_offset[idx], run.phy[idx], run.size[idx],
+                                                         run.tags_code[idx], run.store_ts[idx])
+            done = idx[written]
+            if len(done):
+                did[done] = True
+                last = int(done[-1])
+                touched[(topic, qid)] = [int(run.queue_offset[done[0]]), int(run.queue_offset[last]) + 1,
+                                         int(run.phy[last] + run.size[last])]
+        self.next_offset = int(run.phy[-1] + run.size[-1])
+        self._publish(touched, int(run.store_ts[-1]))
+        return int(np.count_nonzero(did))
+
+    def _publish(self, touched: dict[tuple[str, int], list[int]], last_store_timestamp: int | None) -> None:
+        """After a dispatch: make the new units readable (``pwrite``), note the files to sync and
+        the store time, move the queue views' ends and wake the listeners."""
         dirty: set[Path] = set()
         for (topic, qid), (first, nxt, _) in touched.items():
             cq = self.cq.queue(topic, qid)
@@ -217,8 +278,8 @@ class Dispatcher:
             for base in range(first * CQ_STORE_UNIT_SIZE // fs * fs, (nxt - 1) * CQ_STORE_UNIT_SIZE + 1, fs):
                 dirty.add(cq.directory / offset_to_file_name(base))
         with self._sync_lock:
-            if records:
-                self.last_store_timestamp = max(self.last_store_timestamp, records[-1].store_timestamp)
+            if last_store_timestamp is not None:
+                self.last_store_timestamp = max(self.last_store_timestamp, last_store_timestamp)
             self._dirty_files |= dirty
         for (topic, qid), (_, nxt, phy_end) in touched.items():
             self.queues.advance(topic, qid, nxt, phy_end)
@@ -227,7 +288,6 @@ class Dispatcher:
                     fn(topic, qid, nxt)
                 except Exception:  # a listener must not break the write path
                     log.exception("dispatch listener failed")
-        return changed
 
     def _queued_topic(self, rec: MessageRecord) -> bool:
         """False for a record of a deleted topic stored before the deletion (see ``topic_fences``)."""
@@ -257,6 +317,20 @@ class Dispatcher:
         how many records changed something. Safe to repeat (idempotent). A follower of a live
         commitlog must pass the writer's published end as ``to_offset``, so it never reads a record
         that is still being written."""
+        if commitlog is None:
+            commitlog = CommitLog.open(self.store_dir, self.settings.segment_bytes)
+        changed = 0
+        for part in commitlog.follow_runs(from_offset, to_offset, batch=batch):
+            if isinstance(part, list):  # records the compiled walk leaves to the per-record path
+                changed += self.dispatch(part)
+            else:
+                changed += self.dispatch_run(*part)
+        return changed
+
+    def catch_up_per_record(self, from_offset: int, to_offset: int | None = None,
+                            commitlog: CommitLog | None = None, batch: int = 1024) -> int:
+        """:meth:`catch_up` one decoded record at a time (the path before the compiled walk; kept
+        as the reference the tests and the benchmark compare against)."""
         if commitlog is None:
             commitlog = CommitLog.open(self.store_dir, self.settings.segment_bytes)
         changed = 0

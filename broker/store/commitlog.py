@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-
+import numpy as np
 
 from broker.store import findings as fk
 from broker.store.constants import (
@@ -27,6 +27,7 @@ from broker.store.constants import (
     PROPERTY_CRC32,
     is_queued,
 )
+from broker.store.dispatch_fields import STOP_BLANK, STOP_CHECK, STOP_LIMIT, STOP_PYTHON, RunFields, scan_run
 from broker.store.findings import Finding
 from broker.store.message import BlankRecord, MessageRecord, RecordError, decode_record
 from broker.store.record_layout import (
@@ -209,17 +210,7 @@ class CommitLog:
             seg = self.segment_for(pos)
             if seg is None:
                 return
-            buf = self._maps.get(seg.base)
-            if buf is None:
-                for base in [b for b in self._maps if b < seg.base]:  # passed for good (and maybe deleted:
-                    old = self._maps.pop(base)                         # a map would keep its disk space)
-                    if isinstance(old, mmap.mmap):
-                        old.close()
-                # mapped at the size the file has now, not the listing's: a file listed in the instant
-                # between its creation and its pre-sizing would read as empty, and its records be lost
-                buf = _map_file(seg.path)
-                if len(buf) >= self.segment_size:  # complete: keep it; a short one is mapped again next time
-                    self._maps[seg.base] = buf
+            buf = self._mapped(seg)
             try:
                 rec = decode_record(buf, pos - seg.base, pos)
             except RecordError as exc:  # never expected on a log this process's peers write: say so
@@ -232,6 +223,69 @@ class CommitLog:
                 continue
             yield rec
             pos += rec.total_size
+
+    def _mapped(self, seg: Segment) -> mmap.mmap | bytes:
+        """The follower's map of a segment, kept while it is complete (see :meth:`follow`)."""
+        buf = self._maps.get(seg.base)
+        if buf is None:
+            for base in [b for b in self._maps if b < seg.base]:  # passed for good (and maybe deleted:
+                old = self._maps.pop(base)                         # a map would keep its disk space)
+                if isinstance(old, mmap.mmap):
+                    old.close()
+            # mapped at the size the file has now, not the listing's: a file listed in the instant
+            # between its creation and its pre-sizing would read as empty, and its records be lost
+            buf = _map_file(seg.path)
+            if len(buf) >= self.segment_size:  # complete: keep it; a short one is mapped again next time
+                self._maps[seg.base] = buf
+        return buf
+
+    def follow_runs(self, from_offset: int, to_offset: int | None = None, *, check_crc: bool = False,
+                    batch: int = 1024) -> Iterator[tuple[RunFields, mmap.mmap | bytes] | list[MessageRecord]]:
+        """The records of :meth:`follow` (``to_offset`` given) or :meth:`iter_records` (None: to the
+        end of data), as runs of contiguous records whose dispatch fields the compiled walk read
+        (:func:`~broker.store.dispatch_fields.scan_run`; with the file they lie in, for their
+        topics), and, where the walk stops at a record it cannot do, lists of decoded records.
+
+        A record the walk cannot dispatch bit-identically (non-ASCII keys, the delay topic) comes
+        alone, decoded; at a record that fails a check the rest of the range is handed to the
+        per-record reader that the caller used before (same warning, same resumption), in lists of
+        up to ``batch``."""
+        pos = from_offset
+        while to_offset is None or pos < to_offset:
+            seg = self.segment_for(pos)
+            if seg is None:
+                return
+            buf = self._mapped(seg)
+            file_pos = pos - seg.base
+            limit = self.segment_size if to_offset is None else min(self.segment_size, to_offset - seg.base)
+            if len(buf) <= file_pos:
+                fields = None
+            else:
+                fields = scan_run(np.frombuffer(buf, np.uint8), seg.base, file_pos, limit, check_crc=check_crc)
+            if fields is not None and fields.n:
+                yield fields, buf
+            if fields is None or fields.stop == STOP_CHECK:
+                pos = seg.base + (fields.stop_pos if fields is not None else file_pos)
+                rest = self.iter_records(pos) if to_offset is None else self.follow(pos, to_offset)
+                pending: list[MessageRecord] = []
+                for rec in rest:
+                    pending.append(rec)
+                    if len(pending) >= batch:
+                        yield pending
+                        pending = []
+                if pending:
+                    yield pending
+                return
+            pos = seg.base + fields.stop_pos
+            if fields.stop == STOP_BLANK:
+                pos = seg.base + self.segment_size
+            elif fields.stop == STOP_PYTHON:
+                rec = decode_record(buf, fields.stop_pos, pos)
+                assert isinstance(rec, MessageRecord)
+                yield [rec]
+                pos += rec.total_size
+            elif fields.stop == STOP_LIMIT:
+                return
 
     def close(self) -> None:
         """Unmap the files :meth:`follow` kept mapped."""

@@ -754,6 +754,53 @@ class ConsumeQueue:
                 tags_code = address
         return self._writer.put(logical_offset, commitlog_offset, size, tags_code)
 
+    def put_many(self, logical: np.ndarray, phy: np.ndarray, size: np.ndarray, tags: np.ndarray,
+                 store_timestamp: np.ndarray) -> np.ndarray:
+        """:meth:`put` for many units in commitlog order; which were written (bool per unit).
+
+        Units that continue the queue exactly (the next logical offset, a commitlog end beyond the
+        previous unit's) are appended as one block per file — one encode, one ``pwrite`` at the
+        flush —; anything else (a first unit, a gap, a re-dispatched unit, the ext file) goes
+        through :meth:`put`, so the rules live there only."""
+        n = len(logical)
+        written = np.zeros(n, np.bool_)
+        if self._enable_ext:
+            for i in range(n):
+                written[i] = self.put(int(logical[i]), int(phy[i]), int(size[i]), int(tags[i]),
+                                      int(store_timestamp[i]))
+            return written
+        if self._writer is None:
+            self._writer = _CqWriter(self)
+        self._chunks = None
+        w = self._writer
+        ends = phy + size
+        # unit i continues unit i-1 when the offsets follow and the commitlog end grows
+        follows = np.empty(n, np.bool_)
+        follows[0] = False
+        follows[1:] = (logical[1:] == logical[:-1] + 1) & (ends[1:] > ends[:-1])
+        breaks = np.flatnonzero(~follows).tolist() + [n]
+        i = 0
+        while i < n:
+            if (w.fd is not None and w.pos < w.fs and not w.first_create
+                    and int(logical[i]) * CQ_STORE_UNIT_SIZE == w.base + w.pos and int(ends[i]) > w.max_physic_offset):
+                run_end = breaks[bisect_left(breaks, i + 1)]
+                m = min(run_end - i, (w.fs - w.pos) // CQ_STORE_UNIT_SIZE)
+                units = np.empty(m, CQ_UNIT_DTYPE)
+                units["commitlog_offset"] = phy[i:i + m]
+                units["size"] = size[i:i + m]
+                units["tags_code"] = tags[i:i + m]
+                w.pending += units.tobytes()
+                w.pos += m * CQ_STORE_UNIT_SIZE
+                w.max_physic_offset = int(ends[i + m - 1])
+                written[i:i + m] = True
+                if len(w.pending) >= 1 << 20:
+                    w.flush()
+                i += m
+            else:
+                written[i] = w.put(int(logical[i]), int(phy[i]), int(size[i]), int(tags[i]))
+                i += 1
+        return written
+
     def flush(self) -> None:
         """Write buffered units to the files."""
         if self._writer is not None:

@@ -43,6 +43,7 @@ from broker.store.constants import (
     is_indexed,
 )
 from broker.store.consume_queue import RecordSource, to_arrow_table
+from broker.store.dispatch_fields import index_key_hashes, put_index_entries
 from broker.store.findings import Finding
 from broker.store.java_hash import index_key_hash
 from broker.store.message import MessageRecord, RecordError
@@ -519,6 +520,35 @@ class IndexService:
             f = self._put(f, build_index_key(topic, key), phy_offset, store_timestamp)
             written += 1
         return written
+
+    def dispatch_rows(self, phy: np.ndarray, store_ts: np.ndarray, key_first: np.ndarray, key_count: np.ndarray,
+                      java_hashes: np.ndarray) -> np.ndarray:
+        """:meth:`build_index` for many indexed records at once (commitlog order); which records got
+        an entry. Record ``i``'s keys are the ``topic#key`` Java hashes
+        ``java_hashes[key_first[i]:key_first[i] + key_count[i]]`` (UNIQ_KEY first, then each KEYS
+        token: :func:`~broker.store.dispatch_fields.scan_run`). The entries are written by the
+        compiled twin of :meth:`IndexFile.put_key`; a full file rolls here, as in :meth:`_put`."""
+        n = len(phy)
+        wrote = np.zeros(n, np.bool_)
+        hashes = index_key_hashes(java_hashes)
+        rec, key = 0, 0
+        while rec < n:
+            f = self._writable_last()
+            h = f.header
+            header = np.array([h.begin_timestamp, h.end_timestamp, h.begin_phy_offset, h.end_phy_offset,
+                               h.hash_slot_count, h.index_count], np.int64)
+            buf = np.frombuffer(f._buf, np.uint8)
+            try:
+                rec, key = put_index_entries(buf, header, f.max_hash_slot_num, f.max_index_num, f._entries_at,
+                                             phy, store_ts, key_first, key_count, hashes, wrote, rec, key,
+                                             key == 0)
+            finally:
+                del buf  # an exported map cannot be closed
+                (h.begin_timestamp, h.end_timestamp, h.begin_phy_offset, h.end_phy_offset, h.hash_slot_count,
+                 h.index_count) = (int(v) for v in header)
+            if rec < n and key:
+                log.info("index file %s is full, creating another one", f.name)
+        return wrote
 
     def complete_record(self, record: MessageRecord) -> int:
         """Write the entries of ``record`` that are missing; returns how many were written.
