@@ -33,10 +33,17 @@ from broker.store.constants import (
     is_indexed,
     is_queued,
 )
-from broker.store.consume_queue import CQ_UNIT_DTYPE, ConsumeQueueDispatcher, MinOffsetRule, QueueFiles
+from broker.store.consume_queue import (
+    CQ_UNIT_DTYPE,
+    ConsumeQueueDispatcher,
+    MinOffsetRule,
+    QueueFiles,
+    tags_code_for,
+)
 from broker.store.dispatch_fields import RunFields
 from broker.store.index_file import IndexService
-from broker.store.message import MessageRecord
+from broker.store.message import MessageRecord, decode_record
+from broker.store.topics import SCHEDULE_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -244,8 +251,8 @@ class Dispatcher:
                                   run.queue_id[queued].tolist()):
             raw_topic = raw[at:at + ln]
             topic = names.get(raw_topic)
-            if topic is None:  # the walk passes ASCII topics only
-                topic = names[raw_topic] = raw_topic.decode("ascii")
+            if topic is None:  # the walk passes well-formed UTF-8 topics only
+                topic = names[raw_topic] = raw_topic.decode("utf-8")
             groups.setdefault((topic, qid), []).append(i)
         touched: dict[tuple[str, int], list[int]] = {}
         for (topic, qid), rows in groups.items():
@@ -255,8 +262,11 @@ class Dispatcher:
                 idx = idx[run.phy[idx] >= fence]
                 if not len(idx):
                     continue
+            tags = run.tags_code[idx]
+            if topic == SCHEDULE_TOPIC:
+                tags = self._delay_tags_codes(run, raw, idx)
             written = self.cq.queue(topic, qid).put_many(run.queue_offset[idx], run.phy[idx], run.size[idx],
-                                                         run.tags_code[idx], run.store_ts[idx])
+                                                         tags, run.store_ts[idx])
             done = idx[written]
             if len(done):
                 did[done] = True
@@ -266,6 +276,16 @@ class Dispatcher:
         self.next_offset = int(run.phy[-1] + run.size[-1])
         self._publish(touched, int(run.store_ts[-1]))
         return int(np.count_nonzero(did))
+
+    def _delay_tags_codes(self, run: RunFields, raw: bytes | mmap.mmap, idx: np.ndarray) -> np.ndarray:
+        """tagsCodes of delay-topic records (a deliver time: ``tags_code_for``), from their
+        properties decoded by the per-record codec."""
+        codes = run.tags_code[idx].copy()
+        for j, i in enumerate(idx.tolist()):
+            phy = int(run.phy[i])
+            rec = decode_record(raw, phy - run.base, phy)
+            codes[j] = tags_code_for(rec.topic, rec.properties, rec.store_timestamp, self.cq.delay_levels)
+        return codes
 
     def _publish(self, touched: dict[tuple[str, int], list[int]], last_store_timestamp: int | None) -> None:
         """After a dispatch: make the new units readable (``pwrite``), note the files to sync and

@@ -10,9 +10,10 @@ contiguous records in a mapped commitlog file once, in numba, and returns only w
 The kernel applies the checks of :func:`broker.store.record_check.check_record` (positions from
 :mod:`broker.store.record_layout`, never re-typed). It does not report errors itself: it stops
 *before* a record that fails a check, or that it cannot dispatch bit-identically (a topic, TAGS,
-KEYS or UNIQ_KEY with non-ASCII bytes — Java hashes UTF-16 units —, or a record of the delay topic,
-whose tagsCode is a deliver time), and says why; the caller then hands that record to the Python
-path, which raises the same error or dispatches it as before.
+KEYS or UNIQ_KEY that is not well-formed UTF-8: Python decodes it with replacement characters
+before hashing its UTF-16 units), and says why; the caller then hands that record to the Python
+path, which raises the same error or dispatches it as before. A record of the delay topic, whose
+tagsCode may be a deliver time, is only flagged: the caller works that out from its properties.
 """
 
 from __future__ import annotations
@@ -123,24 +124,57 @@ def _i64(buf, p):
 
 
 @numba.njit(cache=True)
-def _hash_bytes(buf, at, n, h):
-    """Java ``hashCode`` continued over ASCII bytes (UTF-16 units == bytes), wrapped to 32 bits."""
-    for i in range(at, at + n):
-        h = (h * 31 + np.int64(buf[i])) & 0xFFFFFFFF
+def _hash_utf8(buf, at, n, h):
+    """Java ``hashCode`` continued over the UTF-16 units of well-formed UTF-8 bytes (a code point
+    above the BMP is two surrogate units); -1 when the bytes are not well-formed UTF-8 (Python
+    would decode them with replacement characters: left to the Python path)."""
+    i = at
+    stop = at + n
+    while i < stop:
+        b0 = np.int64(buf[i])
+        if b0 < 0x80:
+            cp = b0
+            i += 1
+        else:
+            if 0xC2 <= b0 <= 0xDF:
+                need = 1
+                cp = b0 & 0x1F
+                lo, hi = 0x80, 0xBF
+            elif 0xE0 <= b0 <= 0xEF:
+                need = 2
+                cp = b0 & 0x0F
+                lo = 0xA0 if b0 == 0xE0 else 0x80
+                hi = 0x9F if b0 == 0xED else 0xBF
+            elif 0xF0 <= b0 <= 0xF4:
+                need = 3
+                cp = b0 & 0x07
+                lo = 0x90 if b0 == 0xF0 else 0x80
+                hi = 0x8F if b0 == 0xF4 else 0xBF
+            else:
+                return np.int64(-1)
+            if i + need >= stop:
+                return np.int64(-1)
+            for j in range(1, need + 1):
+                c = np.int64(buf[i + j])
+                if j == 1:
+                    if c < lo or c > hi:
+                        return np.int64(-1)
+                elif c < 0x80 or c > 0xBF:
+                    return np.int64(-1)
+                cp = (cp << 6) | (c & 0x3F)
+            i += need + 1
+        if cp >= 0x10000:
+            cp -= 0x10000
+            h = (h * 31 + (0xD800 | (cp >> 10))) & 0xFFFFFFFF
+            h = (h * 31 + (0xDC00 | (cp & 0x3FF))) & 0xFFFFFFFF
+        else:
+            h = (h * 31 + cp) & 0xFFFFFFFF
     return h
 
 
 @numba.njit(cache=True)
 def _signed32(h):
     return h - (np.int64(1) << 32) if h >= (np.int64(1) << 31) else h
-
-
-@numba.njit(cache=True)
-def _ascii(buf, at, n):
-    for i in range(at, at + n):
-        if buf[i] >= 128:
-            return False
-    return True
 
 
 @numba.njit(cache=True)
@@ -163,7 +197,7 @@ def _crc32(buf, at, n, table):
 
 @numba.njit(cache=True)
 def _scan(buf, base, pos, limit, check_crc, crc_table, names_tags, names_keys, names_uniq, schedule,
-          phy, size, queue_id, queue_offset, sys_flag, store_ts, topic_at, topic_len, tags_code,
+          phy, size, queue_id, queue_offset, sys_flag, store_ts, topic_at, topic_len, tags_code, delay_topic,
           key_first, key_count, key_hash):
     """Walk records from ``buf[pos]`` while they start before ``limit`` (file positions); fill one
     row per record and the index key hashes of each (UNIQ_KEY first, then each KEYS token).
@@ -252,10 +286,11 @@ def _scan(buf, base, pos, limit, check_crc, crc_table, names_tags, names_keys, n
                 elif _equals(buf, item, name_len, names_uniq):
                     uniq_at, uniq_len = v_at, v_len
             item = stop + 1
-        if (not _ascii(buf, t_at, t_len) or _equals(buf, t_at, t_len, schedule)
-                or (tags_at >= 0 and not _ascii(buf, tags_at, tags_len))
-                or (keys_at >= 0 and not _ascii(buf, keys_at, keys_len))
-                or (uniq_at >= 0 and not _ascii(buf, uniq_at, uniq_len))):
+        prefix = _hash_utf8(buf, t_at, t_len, np.int64(0))
+        code = _hash_utf8(buf, tags_at, tags_len, np.int64(0)) if tags_at >= 0 else np.int64(0)
+        if (prefix < 0 or code < 0
+                or (keys_at >= 0 and _hash_utf8(buf, keys_at, keys_len, np.int64(0)) < 0)
+                or (uniq_at >= 0 and _hash_utf8(buf, uniq_at, uniq_len, np.int64(0)) < 0)):
             return n, k, pos, STOP_PYTHON
         # ---- index keys: topic#UNIQ_KEY, then topic#token for each non-empty KEYS token ----
         need = (1 if uniq_at >= 0 else 0) + (keys_len + 1) // 2
@@ -263,11 +298,10 @@ def _scan(buf, base, pos, limit, check_crc, crc_table, names_tags, names_keys, n
             if n == 0:
                 return n, k, pos, STOP_PYTHON  # more keys than one call holds: the Python path
             return n, k, pos, STOP_FULL
-        prefix = _hash_bytes(buf, t_at, t_len, np.int64(0))
         prefix = (prefix * 31 + _JOINER) & 0xFFFFFFFF
         key_first[n] = k
         if uniq_at >= 0:
-            key_hash[k] = _signed32(_hash_bytes(buf, uniq_at, uniq_len, prefix))
+            key_hash[k] = _signed32(_hash_utf8(buf, uniq_at, uniq_len, prefix))
             k += 1
         if keys_at >= 0:
             tok = keys_at
@@ -277,7 +311,7 @@ def _scan(buf, base, pos, limit, check_crc, crc_table, names_tags, names_keys, n
                 while t_end < keys_end and buf[t_end] != _KEY_SEP:
                     t_end += 1
                 if t_end > tok:
-                    key_hash[k] = _signed32(_hash_bytes(buf, tok, t_end - tok, prefix))
+                    key_hash[k] = _signed32(_hash_utf8(buf, tok, t_end - tok, prefix))
                     k += 1
                 tok = t_end + 1
         key_count[n] = k - key_first[n]
@@ -289,7 +323,8 @@ def _scan(buf, base, pos, limit, check_crc, crc_table, names_tags, names_keys, n
         store_ts[n] = ts
         topic_at[n] = t_at
         topic_len[n] = t_len
-        tags_code[n] = _signed32(_hash_bytes(buf, tags_at, tags_len, np.int64(0))) if tags_at >= 0 else 0
+        tags_code[n] = _signed32(code)
+        delay_topic[n] = _equals(buf, t_at, t_len, schedule)
         n += 1
         pos = rec_end
     return n, k, pos, STOP_LIMIT
@@ -300,8 +335,11 @@ class RunFields:
     """What :func:`scan_run` found: ``n`` records (arrays sliced to it), their index key hashes
     (record ``i`` owns ``key_hash[key_first[i]:key_first[i] + key_count[i]]``; already
     ``topic#key`` Java hashes, not yet the index's abs), and where and why it stopped
-    (``stop_pos`` a file position; a ``STOP_*`` reason)."""
+    (``stop_pos`` a file position; a ``STOP_*`` reason). ``tags_code`` is the TAGS hash; a record
+    of the delay topic (``delay_topic``) may need a deliver time instead, which the caller works
+    out from its properties (``base`` is the file's first physical offset, to find it)."""
 
+    base: int
     phy: np.ndarray
     size: np.ndarray
     queue_id: np.ndarray
@@ -311,6 +349,7 @@ class RunFields:
     topic_at: np.ndarray
     topic_len: np.ndarray
     tags_code: np.ndarray
+    delay_topic: np.ndarray
     key_first: np.ndarray
     key_count: np.ndarray
     key_hash: np.ndarray
@@ -337,15 +376,16 @@ def scan_run(buf: np.ndarray, base: int, pos: int, limit: int, *, check_crc: boo
     topic_at = np.empty(cap, np.int64)
     topic_len = np.empty(cap, np.int64)
     tags = np.empty(cap, np.int64)
+    delay_topic = np.empty(cap, np.bool_)
     key_first = np.empty(cap, np.int64)
     key_count = np.empty(cap, np.int64)
     key_hash = np.empty(kcap, np.int64)
     n, k, stop_pos, stop = _scan(buf, base, pos, limit, check_crc, _CRC_TABLE, _NAME_TAGS, _NAME_KEYS,
                                  _NAME_UNIQ, _SCHEDULE, phy, size, queue_id, queue_offset, sys_flag, store_ts,
-                                 topic_at, topic_len, tags, key_first, key_count, key_hash)
-    return RunFields(phy[:n], size[:n], queue_id[:n], queue_offset[:n], sys_flag[:n], store_ts[:n],
-                     topic_at[:n], topic_len[:n], tags[:n], key_first[:n], key_count[:n], key_hash[:k],
-                     int(stop_pos), int(stop))
+                                 topic_at, topic_len, tags, delay_topic, key_first, key_count, key_hash)
+    return RunFields(base, phy[:n], size[:n], queue_id[:n], queue_offset[:n], sys_flag[:n], store_ts[:n],
+                     topic_at[:n], topic_len[:n], tags[:n], delay_topic[:n], key_first[:n], key_count[:n],
+                     key_hash[:k], int(stop_pos), int(stop))
 
 
 def index_key_hashes(java_hashes: np.ndarray) -> np.ndarray:
