@@ -112,8 +112,9 @@ cluster-down: venv
 #   make bench-replay BENCH_ARGS="--messages 5000"
 #   make bench-sql BENCH_ARGS="--rows 200000 --engines duckdb datafusion"
 #   make bench-freshness BENCH_ARGS="--rates 1000 --seconds 30"
+#   make bench-dispatch BENCH_ARGS="--messages 50000"
 BENCH_ARGS ?=
-.PHONY: bench-decode bench-broker bench-ingest bench-replay bench-sql bench-freshness
+.PHONY: bench-decode bench-broker bench-ingest bench-replay bench-sql bench-freshness bench-dispatch
 
 bench-decode: venv
 	$(BIN)/python benchmarks/decode.py $(BENCH_ARGS)
@@ -132,6 +133,9 @@ bench-sql: venv java-check
 
 bench-freshness: venv java-check
 	$(BIN)/python benchmarks/freshness.py $(BENCH_ARGS)
+
+bench-dispatch: venv
+	$(BIN)/python benchmarks/dispatch.py $(BENCH_ARGS)
 
 # ---- Airflow (airflow_dags/): its own virtualenv, because Airflow pins many packages; the project's
 # .venv keeps Spark, and the DAGs run the jobs with .venv's spark-submit. constraints-airflow.txt is

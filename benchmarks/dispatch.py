@@ -21,11 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from broker.engine.dispatch import Dispatcher, QueueRegistry
-from broker.engine.store_settings import StoreSettings
-from broker.store.commitlog import CommitLog
-from broker.store.constants import COMMITLOG_DIR, CONSUME_QUEUE_DIR, INDEX_DIR
-from broker.store.generate import GenerateSpec, generate_store
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's broker, not whichever one the venv has installed
+
+from broker.engine.dispatch import Dispatcher, QueueRegistry  # noqa: E402
+from broker.engine.store_settings import StoreSettings  # noqa: E402
+from broker.store.commitlog import CommitLog  # noqa: E402
+from broker.store.constants import COMMITLOG_DIR, CONSUME_QUEUE_DIR, INDEX_DIR  # noqa: E402
+from broker.store.generate import GenerateSpec, generate_store  # noqa: E402
 
 log = logging.getLogger("bench-dispatch")
 CLOCK_MS = 1_700_000_000_000  # index file names come from the clock: a fixed one makes them comparable

@@ -184,3 +184,10 @@ SMOKE["freshness"] = Smoke(("--rates", "200", "--seconds", "4", "--trigger-inter
                             "--threads", "2", "--root", "{tmp}", "--json", "{tmp}/freshness.json"),
                            (rf"^freshness at 200 msg/s\s+achieved {NUM} msg/s\s+rows {NUM}/{NUM}\s+p50 {NUM} s\s+"
                             rf"p95 {NUM} s\s+max {NUM} s\s+micro-batches \d+",), spark=True, timeout=240)
+
+# benchmarks/dispatch.py (issue 14): the dispatcher's per-record path vs its compiled runs, same output files
+SMOKE["dispatch"] = Smoke(("--messages", "800", "--rounds", "1", "--root", "{tmp}"),
+                          (r"^records: 800  changed old/new: 800/800$",
+                           rf"^per-record path :\s+{NUM} us/record CPU",
+                           rf"^compiled runs   :\s+{NUM} us/record CPU",
+                           r"^consume queues and index files: byte-identical$"), timeout=120)
