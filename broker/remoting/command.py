@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.remoting.codes import DEFAULT_VERSION, LanguageCode, ResponseCode
+from broker.remoting.json_header import dumps_sorted, fast_loads
 
 RESPONSE_FLAG = 0x1  # bit 0: this command is a response
 ONEWAY_FLAG = 0x2  # bit 1: the sender does not want an answer
@@ -187,9 +188,8 @@ class RemotingCommand:
 
     def encode_json_header(self) -> bytes:
         """Compact, key-sorted UTF-8 JSON (the layout of both fastjson and jsoncpp's writer)."""
-        text = json.dumps(self.header_json(), separators=(",", ":"), sort_keys=True, ensure_ascii=False)
         try:
-            return text.encode("utf-8")
+            return dumps_sorted(self.header_json())
         except UnicodeEncodeError as exc:
             raise ProtocolError(f"header text cannot be encoded as UTF-8 at char {exc.start}") from None
 
@@ -309,16 +309,18 @@ def _reject_constant(name: str) -> Any:
 
 
 def _decode_json_header(raw: bytes) -> RemotingCommand:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProtocolError(f"JSON header is not valid UTF-8 at byte {exc.start}") from None
-    try:
-        header = json.loads(text, parse_constant=_reject_constant)  # tolerates the C++ client's trailing newline
-    except RecursionError:
-        raise ProtocolError("JSON header nests too deeply") from None
-    except ValueError as exc:  # JSONDecodeError, and int-too-long conversions
-        raise ProtocolError(f"JSON header does not parse: {exc}") from None
+    header = fast_loads(raw)  # None: not sure, so the standard library parses it (and words the error)
+    if header is None:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"JSON header is not valid UTF-8 at byte {exc.start}") from None
+        try:
+            header = json.loads(text, parse_constant=_reject_constant)  # tolerates the C++ client's trailing newline
+        except RecursionError:
+            raise ProtocolError("JSON header nests too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, and int-too-long conversions
+            raise ProtocolError(f"JSON header does not parse: {exc}") from None
     if not isinstance(header, dict):
         raise ProtocolError(f"JSON header is a {type(header).__name__}, not an object")
     if "code" not in header:
