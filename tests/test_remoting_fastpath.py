@@ -123,3 +123,112 @@ def test_decode_errors_are_worded_as_before(header, message):
     with pytest.raises(ProtocolError) as err:
         RemotingCommand.decode(_frame(header))
     assert str(err.value) == message
+
+
+# ---- SEND_MESSAGE(_V2) header and the SEND_OK reply ------------------------------------------------
+from broker.remoting.command import response_frame  # noqa: E402
+from broker.remoting.headers import SendMessageRequestHeader  # noqa: E402
+from broker.server.send_draft import _plain_send_header, check_topic_name, TopicRefused  # noqa: E402
+
+_SEND_VALUES = {
+    "producer_group": ["PG", "", "组"],
+    "topic": ["BenchTopic", "", "主题", "%RETRY%g", "a b", "t" * 300],
+    "default_topic": ["TBW102", ""],
+    "default_topic_queue_nums": ["4", "0", "", "-1", "abc", "2147483647", "2147483648", "007", "٣", " 4", None],
+    "queue_id": ["0", "3", "-1", "", "999999999", "1e3", None],
+    "sys_flag": ["0", "4", "", "x", None],
+    "born_timestamp": ["0", "1700000000000", "-5", "9223372036854775807", "9223372036854775808",
+                       "123456789012345678", "", None],
+    "flag": ["0", "12", "", None],
+    "properties": [None, "", "WAIT\x01true", "KEYS\x01a b\x02TAGS\x01t\x02UNIQ_KEY\x01X", "a\x01\x02\x01"],
+    "reconsume_times": [None, "0", "3", "", "x", "-2"],
+    "unit_mode": [None, "false", "true", "", "1", "TRUE", " true", "no"],
+    "max_reconsume_times": [None, "16", "", "x"],
+    "batch": [None, "false", "true", "", "1", "True", "0"],
+    "broker_name": [None, "", "broker-a"],
+}
+
+
+def _outcome(fn):
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001
+        return ("error", type(exc).__name__, str(exc))
+
+
+@pytest.mark.parametrize("v2", [False, True])
+@pytest.mark.parametrize("seed", range(10))
+def test_plain_send_header_equals_the_generic_parser(v2, seed):
+    rng = random.Random(seed)
+    wire = {name: wire for name, wire, _, _ in SendMessageRequestHeader._wire_fields("v2" if v2 else "wire")}
+    fast_taken = 0
+    for i in range(400):
+        ext = {"extra": "ignored"}
+        for name, choices in _SEND_VALUES.items():
+            value = choices[0] if i % 3 == 0 else rng.choice(choices)  # a third look like real producers
+            if value is not None:
+                ext[wire[name]] = value
+        fast = _plain_send_header(ext, v2)
+        generic = _outcome(lambda: SendMessageRequestHeader.from_ext(ext, v2=v2))
+        if fast is not None:
+            fast_taken += 1
+            assert fast == generic, ext
+    assert fast_taken >= 100
+
+
+def test_plain_send_header_of_the_other_naming_is_not_taken():
+    ext = SendMessageRequestHeader(producer_group="PG", topic="T", default_topic="TBW102", default_topic_queue_nums=4,
+                                   queue_id=0, sys_flag=0, born_timestamp=1, flag=0).to_ext(v2=False)
+    assert _plain_send_header(ext, True) is None
+    assert _plain_send_header(ext, False) == SendMessageRequestHeader.from_ext(ext, v2=False)
+
+
+@pytest.mark.parametrize("topic, remark", [
+    ("ok_Topic-1", None), ("", "The specified topic is blank."), ("  ", "The specified topic is blank."),
+    ("a b", "illegal"), ("主题", "illegal"), ("t" * 127, None), ("t" * 128, "longer"), ("t" * 256, "longer"),
+    ("%RETRY%" + "g" * 200, None), ("%DLQ%" + "g" * 251, "longer")])
+def test_check_topic_name_cached_gives_the_same_answer_each_time(topic, remark):
+    for _ in range(2):
+        if remark is None:
+            check_topic_name(topic)
+        else:
+            with pytest.raises(TopicRefused) as err:
+                check_topic_name(topic)
+            assert remark in str(err.value)
+
+
+@pytest.mark.parametrize("code, remark, ext, body", [
+    (0, None, {"msgId": "7F0000010000", "queueId": "0", "queueOffset": "12"}, b""),
+    (0, None, {"msgId": "X", "queueId": 1, "queueOffset": 2, "transactionId": None, "MSG_REGION": "DefaultRegion",
+               "TRACE_ON": True}, b""),
+    (0, "", {}, b""),
+    (1, "SystemError: boom", None, b""),
+    (14, "broker is shutting down", {}, b"body"),
+    (17, "topic[主题] not exist, apply first please! \u2028\x00", {"k\x01": "v\x02"}, b"\x00\xff"),
+    (0, None, {"big": 2**70, "f": 1.5, "n": [1, {"a": None}]}, b""),
+    (2**31 - 1, None, {1: "int key"}, b""),
+])
+@pytest.mark.parametrize("opaque", [0, 1, 2**31 - 1, -5])
+def test_response_frame_equals_the_command_path(code, remark, ext, body, opaque):
+    request = RemotingCommand.request(310, {"a": "b"}, b"x")
+    request.opaque = opaque
+    want = _outcome(lambda: _generic_answer(request, code, remark, ext, body))
+    got = _outcome(lambda: response_frame(opaque, code, remark, ext, body))
+    assert got == want
+
+
+def _generic_answer(request, code, remark, ext, body) -> bytes:
+    """What Connection.answer writes for ``request.response(...)``."""
+    from broker.remoting.command import RESPONSE_FLAG
+    response = request.response(code, remark, ext, body)
+    response.opaque = request.opaque
+    response.flag |= RESPONSE_FLAG
+    return response.encode()
+
+
+def test_response_frame_refuses_lone_surrogates_as_encode_does():
+    with pytest.raises(ProtocolError) as err:
+        response_frame(1, 0, "\ud800")
+    with pytest.raises(ProtocolError) as err2:
+        RemotingCommand(code=0, opaque=1, flag=1, remark="\ud800").encode()
+    assert str(err.value) == str(err2.value)

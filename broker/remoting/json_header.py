@@ -30,18 +30,24 @@ _SORT = orjson.OPT_SORT_KEYS if orjson is not None else 0
 
 
 def _plain(value: Any) -> bool:
-    """True when ``value`` holds no float (the one type whose orjson reading or text may differ)."""
+    """True when ``value`` holds no float (the one type whose orjson reading or text may differ)
+    and nothing but JSON's own types (exactly, or subclasses of str/int, which both libraries
+    write as their base type)."""
     t = type(value)
-    if t is str or t is int or value is None or t is bool:
-        return True
     if t is dict:
-        for item in value.values():
-            if not (type(item) is str or _plain(item)):
-                return False
-        return True
-    if t is list:
-        return all(_plain(item) for item in value)
-    return isinstance(value, (str, int)) and not isinstance(value, float)
+        items = value.values()
+    elif t is list:
+        items = value
+    else:
+        return t is str or t is int or value is None or t is bool or \
+            (isinstance(value, (str, int)) and not isinstance(value, float))
+    for item in items:
+        t = type(item)
+        if t is str or t is int:
+            continue
+        if not _plain(item):
+            return False
+    return True
 
 
 def fast_loads(raw: bytes) -> Any:
