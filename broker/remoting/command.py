@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.remoting.codes import DEFAULT_VERSION, LanguageCode, ResponseCode
+from broker.remoting.json_header import dumps_sorted, fast_loads
 
 RESPONSE_FLAG = 0x1  # bit 0: this command is a response
 ONEWAY_FLAG = 0x2  # bit 1: the sender does not want an answer
@@ -172,26 +173,12 @@ class RemotingCommand:
     # --- encoding ---------------------------------------------------------------------------------
     def header_json(self) -> dict[str, Any]:
         """The JSON header object as Java's fastjson would write it (nulls left out)."""
-        header: dict[str, Any] = {
-            "code": int(self.code),
-            "extFields": normalise_ext(self.ext_fields),
-            "flag": int(self.flag),
-            "language": str(self.language),
-            "opaque": int(self.opaque),
-            "serializeTypeCurrentRPC": "JSON",
-            "version": int(self.version),
-        }
-        if self.remark is not None:
-            header["remark"] = str(self.remark)
-        return header
+        return _header_json(self.code, self.opaque, self.flag, self.remark, self.ext_fields, self.language,
+                            self.version)
 
     def encode_json_header(self) -> bytes:
         """Compact, key-sorted UTF-8 JSON (the layout of both fastjson and jsoncpp's writer)."""
-        text = json.dumps(self.header_json(), separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-        try:
-            return text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ProtocolError(f"header text cannot be encoded as UTF-8 at char {exc.start}") from None
+        return _encode_json_header(self.header_json())
 
     def encode_binary_header(self) -> bytes:
         """Java's ROCKETMQ binary header (section 3). Never send this to the C++ client.
@@ -230,13 +217,7 @@ class RemotingCommand:
             header = self.encode_json_header()
         else:
             raise ProtocolError(f"unknown serialize type {self.serialize_type}")
-        if len(header) > _HEADER_LENGTH_MASK:
-            raise ProtocolError(f"header of {len(header)} bytes exceeds the 24-bit length field")
-        total = 4 + len(header) + len(self.body)
-        if total > _INT32_MAX:
-            raise ProtocolError(f"frame of {total} bytes exceeds the 32-bit length field")
-        return b"".join((_LENGTH.pack(total), _LENGTH.pack((self.serialize_type << 24) | len(header)),
-                         header, self.body))
+        return _frame(self.serialize_type, header, self.body)
 
     # --- decoding ---------------------------------------------------------------------------------
     @classmethod
@@ -274,6 +255,48 @@ class RemotingCommand:
                 f"version={self.version}, serialize_type={self.serialize_type})")
 
 
+def _header_json(code: int, opaque: int, flag: int, remark: str | None, ext: Mapping[Any, Any] | None,
+                 language: str, version: int) -> dict[str, Any]:
+    header: dict[str, Any] = {
+        "code": int(code),
+        "extFields": normalise_ext(ext),
+        "flag": int(flag),
+        "language": str(language),
+        "opaque": int(opaque),
+        "serializeTypeCurrentRPC": "JSON",
+        "version": int(version),
+    }
+    if remark is not None:
+        header["remark"] = str(remark)
+    return header
+
+
+def _encode_json_header(header: dict[str, Any]) -> bytes:
+    try:
+        return dumps_sorted(header)
+    except UnicodeEncodeError as exc:
+        raise ProtocolError(f"header text cannot be encoded as UTF-8 at char {exc.start}") from None
+
+
+def _frame(serialize_type: int, header: bytes, body: bytes) -> bytes:
+    """The whole frame, including the leading 4-byte total length."""
+    if len(header) > _HEADER_LENGTH_MASK:
+        raise ProtocolError(f"header of {len(header)} bytes exceeds the 24-bit length field")
+    total = 4 + len(header) + len(body)
+    if total > _INT32_MAX:
+        raise ProtocolError(f"frame of {total} bytes exceeds the 32-bit length field")
+    return b"".join((_LENGTH.pack(total), _LENGTH.pack((serialize_type << 24) | len(header)), header, body))
+
+
+def response_frame(opaque: int, code: int, remark: str | None = None, ext: Mapping[Any, Any] | None = None,
+                   body: bytes = b"") -> bytes:
+    """The bytes of ``request.response(code, remark, ext, body).encode()`` for a request of that
+    ``opaque``, without building the command (a network process answers every send with one).
+    Raises ProtocolError as ``encode`` does."""
+    header = _header_json(code, opaque, RESPONSE_FLAG, remark, ext, LANGUAGE, DEFAULT_VERSION)
+    return _frame(SERIALIZE_JSON, _encode_json_header(header), bytes(body))
+
+
 def _to_signed(value: int, bits: int) -> int:
     return value - (1 << bits) if value >= 1 << (bits - 1) else value
 
@@ -309,16 +332,18 @@ def _reject_constant(name: str) -> Any:
 
 
 def _decode_json_header(raw: bytes) -> RemotingCommand:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProtocolError(f"JSON header is not valid UTF-8 at byte {exc.start}") from None
-    try:
-        header = json.loads(text, parse_constant=_reject_constant)  # tolerates the C++ client's trailing newline
-    except RecursionError:
-        raise ProtocolError("JSON header nests too deeply") from None
-    except ValueError as exc:  # JSONDecodeError, and int-too-long conversions
-        raise ProtocolError(f"JSON header does not parse: {exc}") from None
+    header = fast_loads(raw)  # None: not sure, so the standard library parses it (and words the error)
+    if header is None:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"JSON header is not valid UTF-8 at byte {exc.start}") from None
+        try:
+            header = json.loads(text, parse_constant=_reject_constant)  # tolerates the C++ client's trailing newline
+        except RecursionError:
+            raise ProtocolError("JSON header nests too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, and int-too-long conversions
+            raise ProtocolError(f"JSON header does not parse: {exc}") from None
     if not isinstance(header, dict):
         raise ProtocolError(f"JSON header is a {type(header).__name__}, not an object")
     if "code" not in header:

@@ -463,11 +463,11 @@ class NetworkFrontend:
 
         def answer(reply) -> None:
             if isinstance(reply, Reply):
-                conn.answer(cmd, cmd.response(reply.code, reply.remark, reply.ext, reply.body))
+                conn.answer_with(cmd, reply.code, reply.remark, reply.ext, reply.body)
             elif isinstance(reply, ConnectionError):  # the store process is gone
-                conn.answer(cmd, cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, "broker is shutting down"))
+                conn.answer_with(cmd, ResponseCode.SERVICE_NOT_AVAILABLE, "broker is shutting down")
             else:  # the store process's last resort: the batch failed as a whole
-                conn.answer(cmd, cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(reply).__name__}: {reply}"))
+                conn.answer_with(cmd, ResponseCode.SYSTEM_ERROR, f"{type(reply).__name__}: {reply}")
 
         self.link.submit(req, answer)
         return True

@@ -1,6 +1,9 @@
 """The link between the network processes and the store process: pickled frames over a Unix socket.
 
-Frames are a 4-byte big-endian length and a pickled tuple ``(kind, id, payload)``:
+Frames are a 4-byte big-endian length and a pickled *list* of messages ``(kind, id, payload)``:
+everything one side has to say in one turn of its loop (the requests of many client connections,
+the replies of one stored batch) is one ``pickle.dumps`` and one ``pickle.loads`` — pickling per
+message was a large part of the CPU per message of both processes. Messages:
 
 * network → store: ``("hello", 0, pid)`` once (which network process this link is),
   ``("req", id, Request)``, ``("closed", 0, channel)`` and ``("callrep", call_id, outcome)``;
@@ -39,8 +42,50 @@ MAX_IPC_FRAME = 64 * 1024 * 1024
 
 
 def pack(kind: str, ident: int, payload: Any) -> bytes:
-    data = pickle.dumps((kind, ident, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    """One frame holding one message."""
+    return pack_many([(kind, ident, payload)])
+
+
+def pack_many(messages: list[tuple[str, int, Any]]) -> bytes:
+    """One frame holding ``messages`` (raises what ``pickle.dumps`` raises)."""
+    data = pickle.dumps(messages, protocol=pickle.HIGHEST_PROTOCOL)
     return _LEN.pack(len(data)) + data
+
+
+def pack_each(messages: list[tuple[str, int, Any]],
+              refused: Callable[[tuple[str, int, Any], Exception], tuple[str, int, Any] | None]) -> bytes:
+    """Frames for ``messages``: one frame for all of them, or — when one of them cannot be pickled —
+    one frame per message, so that one bad payload does not lose the others. A message that cannot
+    be pickled goes to ``refused(message, error)``, which may return a message to send instead."""
+    try:
+        return pack_many(messages)
+    except Exception:
+        pass
+    frames = []
+    for message in messages:
+        try:
+            frames.append(pack_many([message]))
+        except Exception as exc:
+            instead = refused(message, exc)
+            if instead is not None:
+                frames.append(pack_many([instead]))
+    return b"".join(frames)
+
+
+def unpack_frames(buf: bytearray) -> tuple[list[tuple[str, int, Any]], int]:
+    """The messages of every whole frame at the start of ``buf`` and how many bytes they took
+    (raises ``ValueError`` for a frame longer than ``MAX_IPC_FRAME``)."""
+    messages: list[tuple[str, int, Any]] = []
+    pos, end = 0, len(buf)
+    while end - pos >= 4:
+        (size,) = _LEN.unpack_from(buf, pos)
+        if size > MAX_IPC_FRAME:
+            raise ValueError(f"IPC frame of {size} bytes refused")
+        if end - pos - 4 < size:
+            break
+        messages += pickle.loads(memoryview(buf)[pos + 4:pos + 4 + size])
+        pos += 4 + size
+    return messages, pos
 
 
 class IpcServer:
@@ -132,16 +177,12 @@ class IpcServer:
             return False
         buf = link.buf
         buf += data
-        pos, end = 0, len(buf)
-        while end - pos >= 4:
-            (size,) = _LEN.unpack_from(buf, pos)
-            if size > MAX_IPC_FRAME:
-                log.error("IPC frame of %d bytes refused", size)
-                return False
-            if end - pos - 4 < size:
-                break
-            kind, ident, payload = pickle.loads(buf[pos + 4:pos + 4 + size])
-            pos += 4 + size
+        try:
+            messages, pos = unpack_frames(buf)
+        except ValueError as exc:
+            log.error("%s", exc)
+            return False
+        for kind, ident, payload in messages:
             if kind == "req":
                 if self._lane is not None and self._lane(payload):
                     sends.append((link, ident, payload))
@@ -166,12 +207,12 @@ class IpcServer:
             log.exception("batch of %d requests failed", len(sends))
             replies = [exc] * len(sends)
         self._waiting_sends -= len(sends)
-        # one write per network process for the whole batch (its replies are consecutive frames)
-        out: dict[int, tuple[_Link, list[bytes]]] = {}
+        # one frame (one pickle, one write) per network process for the whole batch
+        out: dict[int, tuple[_Link, list[tuple[str, int, Any]]]] = {}
         for (link, ident, _), reply in zip(sends, replies):
-            out.setdefault(id(link), (link, []))[1].append(pack("rep", ident, reply))
-        for link, frames in out.values():
-            self._send(link.sock, link.lock, b"".join(frames))
+            out.setdefault(id(link), (link, []))[1].append(("rep", ident, reply))
+        for link, messages in out.values():
+            self._send(link.sock, link.lock, pack_each(messages, _refused_reply))
 
     def _drop(self, link: "_Link", links: dict[socket.socket, "_Link"]) -> None:
         links.pop(link.sock, None)
@@ -197,9 +238,10 @@ class IpcServer:
     def _run(self, conn: socket.socket, lock: threading.Lock, ident: int, payload: Any) -> None:
         reply = self._handle(payload)
         if isinstance(reply, Future):  # answered when a client has answered
-            reply.add_done_callback(lambda done: self._send(conn, lock, pack("rep", ident, done.result())))
+            reply.add_done_callback(
+                lambda done: self._send(conn, lock, pack_each([("rep", ident, done.result())], _refused_reply)))
             return
-        self._send(conn, lock, pack("rep", ident, reply))
+        self._send(conn, lock, pack_each([("rep", ident, reply)], _refused_reply))
 
     def queue_sizes(self) -> dict[str, int]:
         """Requests waiting in the store process: sends read but not stored yet, the others for a
@@ -265,14 +307,14 @@ class IpcClient(asyncio.Protocol):
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future | Callable[[Any], None]] = {}
         self._transport: asyncio.Transport | None = None
-        self._out: list[bytes] = []
+        self._out: list[tuple[str, int, Any]] = []
         self._buf = bytearray()
         self.closed = asyncio.Event()
 
     async def connect(self) -> None:
         loop = asyncio.get_running_loop()
         await loop.create_unix_connection(lambda: self, self.path)
-        self._write(pack("hello", 0, os.getpid()))  # channels are (pid, serial): calls find us by pid
+        self._write(("hello", 0, os.getpid()))  # channels are (pid, serial): calls find us by pid
 
     # ---- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -281,13 +323,9 @@ class IpcClient(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self._buf
         buf += data
-        pos, end = 0, len(buf)
-        while end - pos >= 4:
-            (size,) = _LEN.unpack_from(buf, pos)
-            if end - pos - 4 < size:
-                break
-            kind, ident, payload = pickle.loads(buf[pos + 4:pos + 4 + size])
-            pos += 4 + size
+        messages, pos = unpack_frames(buf)
+        del buf[:pos]
+        for kind, ident, payload in messages:
             if kind == "rep":
                 waiter = self._pending.pop(ident, None)
                 if waiter is None:
@@ -301,7 +339,6 @@ class IpcClient(asyncio.Protocol):
                     self._on_event(payload)
                 except Exception:
                     log.exception("IPC event handler failed")
-        del buf[:pos]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed.set()
@@ -313,15 +350,29 @@ class IpcClient(asyncio.Protocol):
                 waiter.set_exception(ConnectionError("store process is gone"))
 
     # ---- writing -------------------------------------------------------------------------------
-    def _write(self, frame: bytes) -> None:
+    def _write(self, message: tuple[str, int, Any]) -> None:
         if not self._out:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._out.append(frame)
+        self._out.append(message)
 
     def _flush(self) -> None:
-        frames, self._out = self._out, []
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(b"".join(frames))
+        messages, self._out = self._out, []
+        if messages and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(pack_each(messages, self._refused))
+
+    def _refused(self, message: tuple[str, int, Any], error: Exception) -> None:  # sends nothing instead
+        """A request that cannot be pickled fails alone: its caller gets the pickling error."""
+        kind, ident, _ = message
+        log.error("IPC %s message %d not sent: %r", kind, ident, error)
+        if kind != "req":
+            return
+        waiter = self._pending.pop(ident, None)
+        if waiter is None:
+            return
+        if not isinstance(waiter, asyncio.Future):
+            _call(waiter, error)
+        elif not waiter.done():
+            waiter.set_exception(error)
 
     async def call(self, payload: Any) -> Any:
         if self._transport is None or self.closed.is_set():
@@ -329,33 +380,41 @@ class IpcClient(asyncio.Protocol):
         ident = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._pending[ident] = fut
-        self._write(pack("req", ident, payload))
+        self._write(("req", ident, payload))
         return await fut
 
     def submit(self, payload: Any, callback: Callable[[Any], None]) -> None:
         """``call`` without a future: ``callback(reply)`` runs as soon as the reply is read, or
         ``callback(ConnectionError)`` when the store process is gone (the send path: no task and
-        no future per message)."""
+        no future per message). A payload that cannot be pickled gives ``callback(error)``."""
         if self._transport is None or self.closed.is_set():
             callback(ConnectionError("store process is gone"))
             return
         ident = next(self._ids)
         self._pending[ident] = callback
-        self._write(pack("req", ident, payload))
+        self._write(("req", ident, payload))
 
     def send_call_reply(self, call_id: int, outcome: Any) -> None:
         """The outcome of a ``call`` event (a request the store process made to one of our clients)."""
         if self._transport is not None and not self.closed.is_set():
-            self._write(pack("callrep", call_id, outcome))
+            self._write(("callrep", call_id, outcome))
 
     def notify_closed(self, channel: Any) -> None:
         if self._transport is not None and not self.closed.is_set():
-            self._write(pack("closed", 0, channel))
+            self._write(("closed", 0, channel))
 
     async def close(self) -> None:
         if self._transport is not None:
             self._flush()
             self._transport.close()
+
+
+def _refused_reply(message: tuple[str, int, Any], error: Exception) -> tuple[str, int, Any]:
+    """Store side: a reply that cannot be pickled is replaced by the error (what a failed handler
+    gives), so its caller is answered rather than left waiting."""
+    kind, ident, payload = message
+    log.error("IPC reply %d (%s) not picklable: %r", ident, type(payload).__name__, error)
+    return ("rep", ident, RuntimeError(f"reply not picklable: {error!r}"))
 
 
 def _call(callback: Callable[[Any], None], outcome: Any) -> None:

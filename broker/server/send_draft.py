@@ -66,15 +66,24 @@ def check_topic_name(topic: str) -> None:
     """``TopicValidator.validateTopic`` with its remarks (blank, then characters, then length); the
     names also become queue directory names, so this keeps every read and write inside the store.
     Retry and DLQ topics carry a group name and may be 255 characters long."""
+    remark = topic_name_refusal(topic)
+    if remark is not None:
+        raise TopicRefused(remark)
+
+
+@functools.lru_cache(maxsize=4096)
+def topic_name_refusal(topic: str) -> str | None:
+    """Apache's remark refusing ``topic`` as a name, or None. Cached: every send checks its topic,
+    and a broker sees few topics (the pattern match cost microseconds per message)."""
     limit = RETRY_TOPIC_MAX_LENGTH if is_retry_topic(topic) or topic.startswith(DLQ_GROUP_TOPIC_PREFIX) \
         else MAX_TOPIC_LENGTH
     if not topic.strip():
-        raise TopicRefused("The specified topic is blank.")
+        return "The specified topic is blank."
     if not TOPIC_NAME_PATTERN.fullmatch(topic):
-        raise TopicRefused("The specified topic contains illegal characters, allowing only "
-                           + TOPIC_NAME_PATTERN.pattern)
+        return "The specified topic contains illegal characters, allowing only " + TOPIC_NAME_PATTERN.pattern
     if len(topic) > limit:
-        raise TopicRefused("The specified topic is longer than topic max length.")
+        return "The specified topic is longer than topic max length."
+    return None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -131,6 +140,52 @@ class SendDraft:
                            self.uniq_key, self.body_size, self.data, self.peer, self.channel, self.wait)
 
 
+# the wire names of SendMessageRequestHeader's fields, long (SEND_MESSAGE) and V2 letters, from its declaration
+_WIRE = {v2: {name: wire for name, wire, _, _ in SendMessageRequestHeader._wire_fields("v2" if v2 else "wire")}
+         for v2 in (False, True)}
+_INT_FIELDS = ("default_topic_queue_nums", "queue_id", "sys_flag", "flag", "reconsume_times", "max_reconsume_times")
+
+
+def _plain_send_header(ext: dict[str, str], v2: bool) -> SendMessageRequestHeader | None:
+    """``SendMessageRequestHeader.from_ext(ext, v2=v2)`` for the header every producer sends —
+    str values, unsigned decimal numbers short enough to fit their type, ``true``/``false`` flags —
+    as straight-line code; None for anything else (the generic parser then decides, errors included)."""
+    w = _WIRE[v2]
+    group, topic, default_topic = ext.get(w["producer_group"]), ext.get(w["topic"]), ext.get(w["default_topic"])
+    properties, broker_name = ext.get(w["properties"]), ext.get(w["broker_name"])
+    if type(group) is not str or type(topic) is not str or type(default_topic) is not str \
+            or (properties is not None and type(properties) is not str) \
+            or (broker_name is not None and type(broker_name) is not str):
+        return None
+    ints: dict[str, int | None] = {}
+    for name in _INT_FIELDS:
+        raw = ext.get(w[name])
+        if raw is None and name in ("reconsume_times", "max_reconsume_times"):
+            ints[name] = None
+        elif type(raw) is str and 0 < len(raw) <= 9 and raw.isdigit() and raw.isascii():  # fits an int
+            ints[name] = int(raw)
+        else:
+            return None
+    born = ext.get(w["born_timestamp"])
+    if not (type(born) is str and 0 < len(born) <= 18 and born.isdigit() and born.isascii()):  # fits a long
+        return None
+    flags: dict[str, bool | None] = {}
+    for name in ("unit_mode", "batch"):
+        raw = ext.get(w[name])
+        if raw is None or raw == "false":
+            flags[name] = None if raw is None else False
+        elif raw == "true":
+            flags[name] = True
+        else:
+            return None
+    return SendMessageRequestHeader(
+        producer_group=group, topic=topic, default_topic=default_topic,
+        default_topic_queue_nums=ints["default_topic_queue_nums"], queue_id=ints["queue_id"],
+        sys_flag=ints["sys_flag"], born_timestamp=int(born), flag=ints["flag"], properties=properties,
+        reconsume_times=ints["reconsume_times"], unit_mode=flags["unit_mode"],
+        max_reconsume_times=ints["max_reconsume_times"], batch=flags["batch"], broker_name=broker_name)
+
+
 class SendDrafter:
     """Drafts plain sends in the process that decoded them (see the module's docstring)."""
 
@@ -144,10 +199,14 @@ class SendDrafter:
         """The draft of a plain send, or None: the request goes the full way (not plain, or refused)."""
         if code not in DRAFTED_CODES:
             return None
-        try:
-            h = SendMessageRequestHeader.from_ext(ext, v2=code == RequestCode.SEND_MESSAGE_V2)
-            check_topic_name(h.topic)
-        except Exception:  # the full way answers it, with the usual remark
+        v2 = code == RequestCode.SEND_MESSAGE_V2
+        h = _plain_send_header(ext, v2)
+        if h is None:
+            try:
+                h = SendMessageRequestHeader.from_ext(ext, v2=v2)
+            except Exception:  # the full way answers it, with the usual remark
+                return None
+        if topic_name_refusal(h.topic) is not None:
             return None
         if h.batch or is_retry_topic(h.topic) or h.topic in NOT_ALLOWED_SEND_TOPICS \
                 or len(body) > self.max_message_size:

@@ -1,0 +1,74 @@
+"""The remoting JSON header codec: orjson where it gives what the standard library gives, the
+standard library everywhere else.
+
+Why: ``json.dumps``/``json.loads`` of the header were a large share of a network process's CPU per
+message. RocketMQ's clients (Java's fastjson, C++'s jsoncpp) must still see byte-identical headers
+and every malformed header must still be refused with the same error text, so orjson is only
+trusted where it is known to agree with the standard library (``tests/test_remoting_fastpath.py``
+compares them over many header shapes):
+
+* ``fast_loads``: any orjson error means "not sure" and the caller uses ``json.loads`` (same error text; ``NaN``/``Infinity``
+  refused as before; lone surrogates, numbers beyond a double's range). orjson reads integers
+  beyond 64 bits as floats, so a result holding any float is parsed again by the standard library
+  (headers hold no floats in practice).
+* ``dumps_sorted``: compact, key-sorted, non-ASCII kept (``ensure_ascii=False``). orjson refuses
+  non-``str`` keys, integers beyond 64 bits and lone surrogates: those fall back, and so does any
+  float (its text differs from ``repr``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+try:
+    import orjson
+except ImportError:  # pragma: no cover - a dependency; the standard library path stays correct
+    orjson = None  # type: ignore[assignment]
+
+_SORT = orjson.OPT_SORT_KEYS if orjson is not None else 0
+
+
+def _plain(value: Any) -> bool:
+    """True when ``value`` holds no float (the one type whose orjson reading or text may differ)
+    and nothing but JSON's own types (exactly, or subclasses of str/int, which both libraries
+    write as their base type)."""
+    t = type(value)
+    if t is dict:
+        items = value.values()
+    elif t is list:
+        items = value
+    else:
+        return t is str or t is int or value is None or t is bool or \
+            (isinstance(value, (str, int)) and not isinstance(value, float))
+    for item in items:
+        t = type(item)
+        if t is str or t is int:
+            continue
+        if not _plain(item):
+            return False
+    return True
+
+
+def fast_loads(raw: bytes) -> Any:
+    """What ``json.loads(raw.decode("utf-8"))`` gives, or None when orjson cannot tell it (the
+    caller then takes the standard library path, with its own error text)."""
+    if orjson is None:
+        return None
+    try:
+        value = orjson.loads(raw)
+        return value if _plain(value) else None
+    except (orjson.JSONDecodeError, RecursionError):
+        return None
+
+
+def dumps_sorted(obj: Any) -> bytes:
+    """``json.dumps(obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8")``,
+    faster when it can be. Raises what that expression raises."""
+    if orjson is not None:
+        try:
+            if _plain(obj):
+                return orjson.dumps(obj, option=_SORT)
+        except (orjson.JSONEncodeError, TypeError, RecursionError):
+            pass
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8")
