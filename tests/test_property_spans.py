@@ -11,7 +11,7 @@ import pytest
 
 from broker.store.columnar import _Properties, _string_slices
 from broker.store.properties import decode_properties
-from broker.store.property_spans import property_spans
+from broker.store.property_spans import property_entries
 
 
 def _layout(strings: list[bytes]) -> tuple[np.ndarray, pa.Buffer, np.ndarray, np.ndarray]:
@@ -75,11 +75,16 @@ def test_each_shape_alone_and_together() -> None:
 
 def test_exact_entries_of_a_record() -> None:
     a, _, starts, lengths = _layout([b"x\x01\x02a\x01b\x02c\x01d\x01e\x02a\x01z\x02", b"q\x01r"])
-    rec, name_pos, name_len, val_pos, val_len = property_spans(a, starts, lengths)
-    text = a.tobytes()
-    entries = [(int(r), text[p:p + n], text[v:v + m])
-               for r, p, n, v, m in zip(rec, name_pos, name_len, val_pos, val_len)]
-    assert entries == [(0, b"c", b"d\x01e"), (0, b"a", b"z"), (1, b"q", b"r")]
+    rec, names, values = property_entries(a, starts, lengths)
+    assert list(zip(rec.tolist(), names.to_pylist(), values.to_pylist())) == [
+        (0, "c", "d\x01e"), (0, "a", "z"), (1, "q", "r")]
+    assert property_entries(a, starts[:0], lengths[:0])[0].size == 0
+
+
+def test_invalid_utf8_is_refused() -> None:
+    a, _, starts, lengths = _layout([b"a\x01b", b"k\x01\xe2\x82"])
+    assert property_entries(a, starts, lengths) is None
+    assert property_entries(a, starts[:1], lengths[:1])[1].to_pylist() == ["a"]
 
 
 def test_matches_decode_properties() -> None:

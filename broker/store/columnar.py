@@ -43,7 +43,7 @@ from broker.store.constants import (
 )
 from broker.store.crc import crc32
 from broker.store.findings import Finding
-from broker.store.property_spans import property_spans
+from broker.store.property_spans import property_entries
 from broker.store.record_layout import (
     FIXED_V4_DTYPE,
     FIXED_V4_SIZE,
@@ -190,14 +190,6 @@ def _to_utf8(binary: pa.Array) -> pa.Array:
                         pa.string())
 
 
-def _utf8_or_none(data: np.ndarray, buf: pa.Buffer, pos: np.ndarray, lengths: np.ndarray) -> pa.Array | None:
-    """The byte slices as strings, or None if one is not valid UTF-8."""
-    try:
-        return pc.cast(pc.cast(_view_array(data, buf, pos, lengths, pa.binary_view()), pa.binary()), pa.string())
-    except pa.ArrowInvalid:
-        return None
-
-
 def _string_slices(data: np.ndarray, buf: pa.Buffer, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
     return _to_utf8(pc.cast(_view_array(data, buf, starts, ends - starts, pa.binary_view()), pa.binary()))
 
@@ -289,14 +281,13 @@ class _Properties:
     @classmethod
     def of_records(cls, a: np.ndarray, buf: pa.Buffer, p_props: np.ndarray, props_len: np.ndarray) -> _Properties:
         """The properties at ``a[p_props:p_props + props_len]`` of each record, split by the compiled
-        span finder (:mod:`broker.store.property_spans`): only names and values are copied out of
-        ``buf``. A chunk with a name or value that is not valid UTF-8 takes the text path instead,
+        span finder (:mod:`broker.store.property_spans`), which copies only the kept names and values
+        out of ``buf``. A chunk with a name or value that is not valid UTF-8 takes the text path instead,
         whose replacement characters this one would not reproduce."""
-        rec, name_pos, name_len, val_pos, val_len = property_spans(a, p_props, props_len)
-        names = _utf8_or_none(a, buf, name_pos, name_len)
-        values = _utf8_or_none(a, buf, val_pos, val_len) if names is not None else None
-        if values is None:
+        entries = property_entries(a, p_props, props_len)
+        if entries is None:
             return cls(_string_slices(a, buf, p_props, p_props + props_len))
+        rec, names, values = entries
         self = cls.__new__(cls)
         self.n, self.msg, self.names, self.values = p_props.size, rec, names, values
         self._encode_names()
