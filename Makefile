@@ -24,8 +24,10 @@ java-check:
 test: venv java-check
 	$(BIN)/python -m pytest -q
 
+# jobs/spark-submit.conf: the Spark properties every launcher passes (JVM options), as --conf arguments
+SPARK_LAUNCH_CONF := $(shell sed -n "s/^\(spark\.[^ ]*\) \(.*\)/--conf '\1=\2'/p" jobs/spark-submit.conf)
 SUBMIT = SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON=$(CURDIR)/$(BIN)/python $(BIN)/spark-submit --master 'local[2]' \
-	--conf spark.ui.showConsoleProgress=false
+	--conf spark.ui.showConsoleProgress=false $(SPARK_LAUNCH_CONF)
 DEMO_STORE := --store broker-a=$(DEMO_DIR)/broker-store --lake $(DEMO_DIR)/lake
 
 demo: venv java-check

@@ -59,6 +59,7 @@ from broker.store.columnar import DecodeStats, iter_decode  # noqa: E402
 from broker.store.commitlog import CommitLog  # noqa: E402
 from broker.store.consume_queue import list_queues  # noqa: E402
 from broker.store.generate import BROKER_NAME, TOPIC_PREFIX, GenerateSpec, generate_store  # noqa: E402
+from pipelines.job_args import launch_conf_args  # noqa: E402
 
 log = logging.getLogger("benchmarks.ingest")
 GIB = 1 << 30
@@ -284,7 +285,7 @@ def spark_submit_command(store: Path, lake: Path, master: str, split_bytes: int 
     py = venv_python()
     spark_submit = Path(py).parent / "spark-submit"
     cmd = [str(spark_submit) if spark_submit.exists() else "spark-submit", "--master", master,
-           "--conf", "spark.ui.showConsoleProgress=false",
+           "--conf", "spark.ui.showConsoleProgress=false", *launch_conf_args(),
            # the same interpreter for the driver's and the executors' Python workers: on a standalone
            # cluster on this machine the executors would otherwise start whatever python is on PATH
            "--conf", f"spark.pyspark.python={py}", "--conf", f"spark.pyspark.driver.python={py}",

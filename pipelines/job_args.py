@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DEFAULT_BROKER_NAME = "broker-a"
+# Spark properties every spark-submit of a rocketlake job gets (one file, also read by the Makefile
+# and the Airflow DAGs, which cannot import this module)
+LAUNCH_CONF_FILE = Path(__file__).resolve().parents[1] / "jobs" / "spark-submit.conf"
 _BROKER_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
@@ -183,3 +186,19 @@ def job_session(app_name: str, master: str | None) -> Iterator["SparkSession"]:
     finally:
         if owned:
             spark.stop()
+
+
+def launch_conf(path: Path = LAUNCH_CONF_FILE) -> dict[str, str]:
+    """The Spark properties of ``jobs/spark-submit.conf``: ``name value`` lines, ``#`` comments."""
+    conf: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            name, _, value = line.partition(" ")
+            conf[name] = value.strip()
+    return conf
+
+
+def launch_conf_args(path: Path = LAUNCH_CONF_FILE) -> list[str]:
+    """:func:`launch_conf` as ``spark-submit`` arguments (``--conf name=value`` each)."""
+    return [arg for name, value in launch_conf(path).items() for arg in ("--conf", f"{name}={value}")]

@@ -459,3 +459,34 @@ def test_write_table_validates_arguments(spark, lake_dir):
         lake.write_table(df, lake_dir, "x", app_id="a")
     with pytest.raises(ValueError):
         lake.write_table(df, lake_dir, "x", schema=pa.schema([("nope", pa.int64())]))
+
+
+def test_launch_conf_is_what_every_launcher_passes():
+    """jobs/spark-submit.conf is the one place of the JVM options: the benchmarks (job_args), the
+    Makefile's SUBMIT and the Airflow DAGs' SparkSubmitOperator conf all read it."""
+    import ast
+    import subprocess
+
+    from pipelines.job_args import LAUNCH_CONF_FILE, launch_conf, launch_conf_args
+
+    repo = Path(__file__).resolve().parents[1]
+    assert LAUNCH_CONF_FILE == repo / "jobs" / "spark-submit.conf"
+    expected = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+                "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+    assert launch_conf() == expected
+    args = ["--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
+            "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1"]
+    assert launch_conf_args() == args
+    make = subprocess.run(["make", "-s", "--eval", "print-launch: ; @echo $(SPARK_LAUNCH_CONF)", "print-launch"],
+                          cwd=repo, capture_output=True, text=True, check=True)
+    assert make.stdout.split() == args
+    # the DAGs' copy of the reader (Airflow's Python cannot import pipelines), run on the same file
+    tasks = repo / "airflow_dags" / "rocketlake_airflow" / "tasks.py"
+    tree = ast.parse(tasks.read_text())
+    wanted = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "launch_conf"
+              or isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "LAUNCH_CONF_FILE" for t in node.targets)]
+    assert len(wanted) == 2
+    namespace = {"Path": Path, "__file__": str(tasks)}
+    exec(compile(ast.Module(body=wanted, type_ignores=[]), str(tasks), "exec"), namespace)
+    assert namespace["LAUNCH_CONF_FILE"] == LAUNCH_CONF_FILE
+    assert namespace["launch_conf"]() == expected

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -22,7 +23,25 @@ DEFAULT_ARGS: dict[str, Any] = {
     "execution_timeout": timedelta(minutes=30),
 }
 
-SPARK_CONF = {"spark.ui.showConsoleProgress": "false", "spark.log.level": "WARN"}  # job output, not Spark INFO chatter
+# the Spark properties every rocketlake spark-submit passes (JVM options): one file in the checkout
+# this DAG folder belongs to, read as the project's Makefile and benchmarks read it
+LAUNCH_CONF_FILE = Path(__file__).resolve().parents[2] / "jobs" / "spark-submit.conf"
+
+
+def launch_conf(path: Path = LAUNCH_CONF_FILE) -> dict[str, str]:
+    """``name value`` lines of ``jobs/spark-submit.conf`` (``#`` comments); the DAGs' Python cannot
+    import the project's ``pipelines.job_args.launch_conf``, which reads it the same way."""
+    conf: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            name, _, value = line.partition(" ")
+            conf[name] = value.strip()
+    return conf
+
+
+SPARK_CONF = {"spark.ui.showConsoleProgress": "false", "spark.log.level": "WARN",  # job output, not Spark INFO chatter
+              **launch_conf()}
 
 
 class SparkJobRetryPolicy(RetryPolicy):

@@ -5,7 +5,8 @@ only the start is found in Python (:mod:`broker.store.record_scan`); every field
 all records of a chunk at once with numpy fancy indexing over an overlapping, unaligned view of the
 mmap (one C-level copy per row and field, or per record header), and variable-length fields (topic,
 properties, body) become Arrow *view* arrays that point into the mapped bytes and are compacted by
-Arrow's C++ cast. Properties are split on their separators by Arrow's string kernels; host strings
+Arrow's C++ cast. Properties are split on their separators by a compiled pass over the record bytes
+(:mod:`broker.store.property_spans`; Arrow's string kernels where a chunk is not valid UTF-8); host strings
 are formatted once per distinct host. No per-field Python objects are built except for the rare rows
 that need them (compressed bodies, duplicate property names).
 """
@@ -42,6 +43,7 @@ from broker.store.constants import (
 )
 from broker.store.crc import crc32
 from broker.store.findings import Finding
+from broker.store.property_spans import property_entries
 from broker.store.record_layout import (
     FIXED_V4_DTYPE,
     FIXED_V4_SIZE,
@@ -252,7 +254,8 @@ def _take_or_null(values: pa.Array, index: np.ndarray) -> pa.Array:
 class _Properties:
     """Properties of a chunk split into (message, name, value) entries with Apache's rules.
 
-    Arrow's C++ string kernels do the splitting: on ``0x02`` into entries, then each entry on its
+    :meth:`of_records` finds the entries on the record bytes (compiled); the constructor, the path
+    for text that is not valid UTF-8, has Arrow's C++ string kernels do the splitting: on ``0x02`` into entries, then each entry on its
     first ``0x01`` into name and value; entries with an empty name or value are dropped (as
     ``string2messageProperties`` does) and a value may itself contain ``0x01``.
     """
@@ -275,17 +278,39 @@ class _Properties:
         self.values = tokens.take(pa.array(name_idx + 1))
         self._dedupe()
 
+    @classmethod
+    def of_records(cls, a: np.ndarray, buf: pa.Buffer, p_props: np.ndarray, props_len: np.ndarray) -> _Properties:
+        """The properties at ``a[p_props:p_props + props_len]`` of each record, split by the compiled
+        span finder (:mod:`broker.store.property_spans`), which copies only the kept names and values
+        out of ``buf``. A chunk with a name or value that is not valid UTF-8 takes the text path instead,
+        whose replacement characters this one would not reproduce."""
+        entries = property_entries(a, p_props, props_len)
+        if entries is None:
+            return cls(_string_slices(a, buf, p_props, p_props + props_len))
+        rec, names, values = entries
+        self = cls.__new__(cls)
+        self.n, self.msg, self.names, self.values = p_props.size, rec, names, values
+        self._encode_names()
+        return self
+
+    def _encode_names(self) -> np.ndarray:
+        """Dictionary codes of ``names`` (what :meth:`lookup` matches on)."""
+        if self.msg.size == 0:
+            self.codes = np.empty(0, np.int64)
+            self.dictionary = pa.array([], pa.string())
+        else:
+            enc = pc.dictionary_encode(self.names)
+            self.codes = np.asarray(enc.indices).astype(np.int64)
+            self.dictionary = enc.dictionary
+        return self.codes
+
     def _dedupe(self) -> None:
         """A later duplicate name overwrites an earlier one (Java HashMap.put)."""
+        codes = self._encode_names()
         if self.msg.size == 0:
-            self.codes = np.empty(0, np.int32)
-            self.dictionary = pa.array([], pa.string())
             return
-        enc = pc.dictionary_encode(self.names)
-        codes = np.asarray(enc.indices).astype(np.int64)
-        dictionary = enc.dictionary
         key = (self.msg << 32) | codes
-        if dictionary.__len__() <= 62:
+        if len(self.dictionary) <= 62:
             bits = np.left_shift(np.uint64(1), codes.astype(np.uint64))
             seg = np.flatnonzero(np.r_[True, self.msg[1:] != self.msg[:-1]])
             dup_msgs = self.msg[seg][np.bitwise_or.reduceat(bits, seg) != np.add.reduceat(bits, seg)]
@@ -305,9 +330,7 @@ class _Properties:
             self.msg = self.msg[keep]
             self.names = self.names.filter(pa.array(keep))
             self.values = self.values.filter(pa.array(keep))
-            codes = codes[keep]
-        self.codes = codes
-        self.dictionary = dictionary
+            self.codes = codes[keep]
 
     def lookup(self, name: str) -> np.ndarray:
         """Per message: index of the entry named ``name`` in ``values``, or -1."""
@@ -445,7 +468,7 @@ def _decode_chunk(mem: memoryview, a: np.ndarray, buf: pa.Buffer, starts: np.nda
         if not keep.any():
             return None, bad
     topic = _string_slices(a, buf, p_topic, p_topic + topic_len)
-    props = _Properties(_string_slices(a, buf, p_props, p_props + props_len))
+    props = _Properties.of_records(a, buf, p_props, props_len)
     real_topic_prop = props.value_of(PROPERTY_REAL_TOPIC)
     is_wrapper = pc.is_in(topic, value_set=_WRAPPER_TOPICS)
     real_topic = pc.if_else(pc.and_(is_wrapper, pc.is_valid(real_topic_prop)), real_topic_prop, topic)
@@ -459,7 +482,7 @@ def _decode_chunk(mem: memoryview, a: np.ndarray, buf: pa.Buffer, starts: np.nda
         f = {k: v[rows] for k, v in f.items()}
         sel = pa.array(rows)
         topic, real_topic = topic.take(sel), real_topic.take(sel)
-        props = _Properties(_string_slices(a, buf, f["p_props"], f["p_props"] + f["props_len"]))
+        props = _Properties.of_records(a, buf, f["p_props"], f["props_len"])
 
     n = f["phys"].size
     sys_flag = f["sys_flag"]
