@@ -340,18 +340,24 @@ class Dispatcher:
     def catch_up(self, from_offset: int, to_offset: int | None = None, commitlog: CommitLog | None = None,
                  batch: int = 1024) -> int:
         """Dispatch every record starting in ``[from_offset, to_offset)`` (``from_offset`` a record
-        boundary; no bound = to the end of data), read back with ``CommitLog.iter_records``; returns
-        how many records changed something. Safe to repeat (idempotent). A follower of a live
-        commitlog must pass the writer's published end as ``to_offset``, so it never reads a record
-        that is still being written."""
+        boundary; no bound = to the end of data), read back in runs by ``CommitLog.follow_runs``
+        (:meth:`dispatch_run`; the records it leaves to the per-record path, :meth:`dispatch`);
+        returns how many records changed something. Safe to repeat (idempotent). A follower of a
+        live commitlog must pass the writer's published end as ``to_offset``, so it never reads a
+        record that is still being written."""
+        own = commitlog is None
         if commitlog is None:
             commitlog = CommitLog.open(self.store_dir, self.settings.segment_bytes)
         changed = 0
-        for part in commitlog.follow_runs(from_offset, to_offset, batch=batch):
-            if isinstance(part, list):  # records the compiled walk leaves to the per-record path
-                changed += self.dispatch(part)
-            else:
-                changed += self.dispatch_run(*part)
+        try:
+            for part in commitlog.follow_runs(from_offset, to_offset, batch=batch):
+                if isinstance(part, list):  # records the compiled walk leaves to the per-record path
+                    changed += self.dispatch(part)
+                else:
+                    changed += self.dispatch_run(*part)
+        finally:
+            if own:
+                commitlog.close()  # the file the walk kept mapped
         return changed
 
     def catch_up_per_record(self, from_offset: int, to_offset: int | None = None,
