@@ -239,3 +239,17 @@ def test_kernel_stops_at_a_blank(tmp_path, generated):
     assert run.stop == STOP_BLANK
     assert run.n == len(list(log_.iter_records(seg.base, seg.base + SMALL.segment_bytes)))
     del run
+
+
+def test_long_queue_runs_same_as_per_record(tmp_path):
+    """One topic, one queue, a 1 MiB file: long runs of one queue go to the block writer
+    (``ConsumeQueue.put_many``), rolling CQ files in the middle of a block."""
+    settings = StoreSettings(segment_bytes=1 << 20, cq_file_bytes=20 * 50, index_slots=64, index_entries=300,
+                             fsync_metadata=False)
+    store = tmp_path / "gen"
+    generate_store(store, GenerateSpec(messages=1200, body_bytes=100, topics=1, queues=1, seed=3, special=False,
+                                       segment_bytes=settings.segment_bytes, cq_file_bytes=settings.cq_file_bytes,
+                                       index_slots=settings.index_slots, index_entries=settings.index_entries))
+    assert _compare(store, tmp_path, settings) == 1200
+    assert _compare(store, tmp_path / "steps", settings, steps=9) == 1200
+    assert len(list((tmp_path / "new" / CONSUME_QUEUE_DIR).glob("*/*/*"))) == 24  # 1200 units, 50 a file

@@ -34,6 +34,7 @@ from broker.store.constants import (
     is_queued,
 )
 from broker.store.consume_queue import (
+    BLOCK_MIN_UNITS,
     CQ_UNIT_DTYPE,
     ConsumeQueueDispatcher,
     MinOffsetRule,
@@ -246,7 +247,10 @@ class Dispatcher:
                 self._index_watermark = int(run.phy[indexed[-1]])
         groups: dict[tuple[str, int], list[int]] = {}
         names: dict[bytes, str] = {}
-        queued = np.flatnonzero(np.isin(tx, QUEUED_TRANSACTION_TYPES))
+        queued_mask = tx == QUEUED_TRANSACTION_TYPES[0]
+        for t in QUEUED_TRANSACTION_TYPES[1:]:
+            queued_mask |= tx == t
+        queued = np.flatnonzero(queued_mask)
         for i, at, ln, qid in zip(queued.tolist(), run.topic_at[queued].tolist(), run.topic_len[queued].tolist(),
                                   run.queue_id[queued].tolist()):
             raw_topic = raw[at:at + ln]
@@ -255,37 +259,40 @@ class Dispatcher:
                 topic = names[raw_topic] = raw_topic.decode("utf-8")
             groups.setdefault((topic, qid), []).append(i)
         touched: dict[tuple[str, int], list[int]] = {}
+        did_l = did.tolist()
+        phy_l, size_l, qoff_l, tags_l, ts_l = (a.tolist() for a in (run.phy, run.size, run.queue_offset,
+                                                                    run.tags_code, run.store_ts))
         for (topic, qid), rows in groups.items():
-            idx = np.asarray(rows, np.int64)
             fence = self.topic_fences.get(topic) if self.topic_fences else None
             if fence is not None:
-                idx = idx[run.phy[idx] >= fence]
-                if not len(idx):
+                rows = [i for i in rows if phy_l[i] >= fence]
+                if not rows:
                     continue
-            tags = run.tags_code[idx]
             if topic == SCHEDULE_TOPIC:
-                tags = self._delay_tags_codes(run, raw, idx)
-            written = self.cq.queue(topic, qid).put_many(run.queue_offset[idx], run.phy[idx], run.size[idx],
-                                                         tags, run.store_ts[idx])
-            done = idx[written]
-            if len(done):
-                did[done] = True
-                last = int(done[-1])
-                touched[(topic, qid)] = [int(run.queue_offset[done[0]]), int(run.queue_offset[last]) + 1,
-                                         int(run.phy[last] + run.size[last])]
-        self.next_offset = int(run.phy[-1] + run.size[-1])
-        self._publish(touched, int(run.store_ts[-1]))
-        return int(np.count_nonzero(did))
+                for i in rows:
+                    tags_l[i] = self._delay_tags_code(raw, run.base, phy_l[i])
+            cq = self.cq.queue(topic, qid)
+            if len(rows) < BLOCK_MIN_UNITS:  # a small pass: numpy's set-up would cost more than the units
+                done = [i for i in rows if cq.put(qoff_l[i], phy_l[i], size_l[i], tags_l[i], ts_l[i])]
+            else:
+                idx = np.asarray(rows, np.int64)
+                written = cq.put_many(run.queue_offset[idx], run.phy[idx], run.size[idx],
+                                      np.asarray([tags_l[i] for i in rows], np.int64), run.store_ts[idx])
+                done = idx[written].tolist()
+            if done:
+                for i in done:
+                    did_l[i] = True
+                last = done[-1]
+                touched[(topic, qid)] = [qoff_l[done[0]], qoff_l[last] + 1, phy_l[last] + size_l[last]]
+        self.next_offset = phy_l[-1] + size_l[-1]
+        self._publish(touched, ts_l[-1])
+        return sum(did_l)
 
-    def _delay_tags_codes(self, run: RunFields, raw: bytes | mmap.mmap, idx: np.ndarray) -> np.ndarray:
-        """tagsCodes of delay-topic records (a deliver time: ``tags_code_for``), from their
+    def _delay_tags_code(self, raw: bytes | mmap.mmap, base: int, phy: int) -> int:
+        """tagsCode of a delay-topic record (a deliver time: ``tags_code_for``), from its
         properties decoded by the per-record codec."""
-        codes = run.tags_code[idx].copy()
-        for j, i in enumerate(idx.tolist()):
-            phy = int(run.phy[i])
-            rec = decode_record(raw, phy - run.base, phy)
-            codes[j] = tags_code_for(rec.topic, rec.properties, rec.store_timestamp, self.cq.delay_levels)
-        return codes
+        rec = decode_record(raw, phy - base, phy)
+        return tags_code_for(rec.topic, rec.properties, rec.store_timestamp, self.cq.delay_levels)
 
     def _publish(self, touched: dict[tuple[str, int], list[int]], last_store_timestamp: int | None) -> None:
         """After a dispatch: make the new units readable (``pwrite``), note the files to sync and
@@ -333,18 +340,24 @@ class Dispatcher:
     def catch_up(self, from_offset: int, to_offset: int | None = None, commitlog: CommitLog | None = None,
                  batch: int = 1024) -> int:
         """Dispatch every record starting in ``[from_offset, to_offset)`` (``from_offset`` a record
-        boundary; no bound = to the end of data), read back with ``CommitLog.iter_records``; returns
-        how many records changed something. Safe to repeat (idempotent). A follower of a live
-        commitlog must pass the writer's published end as ``to_offset``, so it never reads a record
-        that is still being written."""
+        boundary; no bound = to the end of data), read back in runs by ``CommitLog.follow_runs``
+        (:meth:`dispatch_run`; the records it leaves to the per-record path, :meth:`dispatch`);
+        returns how many records changed something. Safe to repeat (idempotent). A follower of a
+        live commitlog must pass the writer's published end as ``to_offset``, so it never reads a
+        record that is still being written."""
+        own = commitlog is None
         if commitlog is None:
             commitlog = CommitLog.open(self.store_dir, self.settings.segment_bytes)
         changed = 0
-        for part in commitlog.follow_runs(from_offset, to_offset, batch=batch):
-            if isinstance(part, list):  # records the compiled walk leaves to the per-record path
-                changed += self.dispatch(part)
-            else:
-                changed += self.dispatch_run(*part)
+        try:
+            for part in commitlog.follow_runs(from_offset, to_offset, batch=batch):
+                if isinstance(part, list):  # records the compiled walk leaves to the per-record path
+                    changed += self.dispatch(part)
+                else:
+                    changed += self.dispatch_run(*part)
+        finally:
+            if own:
+                commitlog.close()  # the file the walk kept mapped
         return changed
 
     def catch_up_per_record(self, from_offset: int, to_offset: int | None = None,

@@ -67,6 +67,8 @@ UNITS_DTYPE = np.dtype([
 
 _UNIT = struct.Struct(">qiq")
 _FILL_UNIT = _UNIT.pack(0, CQ_FILL_UNIT_SIZE, 0)
+# put_many: fewer units than this go one by one (a block's numpy set-up costs more than it saves)
+BLOCK_MIN_UNITS = 16
 _EXT_HEAD = struct.Struct(">hqqh")  # size, tagsCode, store timestamp, bitmap length
 _EXT_END = struct.pack(">h", CQ_EXT_END_MARKER)
 _EXT_MAX_UNIT_SIZE = 32767  # the unit size is a signed short
@@ -763,12 +765,10 @@ class ConsumeQueue:
         flush —; anything else (a first unit, a gap, a re-dispatched unit, the ext file) goes
         through :meth:`put`, so the rules live there only."""
         n = len(logical)
+        if self._enable_ext or n < BLOCK_MIN_UNITS:
+            return np.array([self.put(lo, p, sz, t, ts) for lo, p, sz, t, ts in zip(
+                logical.tolist(), phy.tolist(), size.tolist(), tags.tolist(), store_timestamp.tolist())], np.bool_)
         written = np.zeros(n, np.bool_)
-        if self._enable_ext:
-            for i in range(n):
-                written[i] = self.put(int(logical[i]), int(phy[i]), int(size[i]), int(tags[i]),
-                                      int(store_timestamp[i]))
-            return written
         if self._writer is None:
             self._writer = _CqWriter(self)
         self._chunks = None

@@ -365,8 +365,8 @@ def scan_run(buf: np.ndarray, base: int, pos: int, limit: int, *, check_crc: boo
              max_records: int = 4096) -> RunFields:
     """Fields of the records from file position ``pos`` that start before ``limit`` in one
     commitlog file mapped as the uint8 array ``buf`` (``base`` its first physical offset)."""
-    cap = max_records
-    kcap = max_records * 4
+    cap = max(1, min(max_records, (limit - pos) // MIN_MESSAGE_RECORD_SIZE + 1))  # a small pass: small arrays
+    kcap = cap * 4
     phy = np.empty(cap, np.int64)
     size = np.empty(cap, np.int64)
     queue_id = np.empty(cap, np.int64)
