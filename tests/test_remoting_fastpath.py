@@ -259,3 +259,11 @@ def test_record_encode_agrees_with_its_derived_values(topic, born, store, magic,
     assert back.encode() == data
     assert (back.topic, back.body, back.properties_raw, back.born_host, back.store_host) == \
         (topic, rec.body, rec.properties_raw, born, store)
+
+
+def test_huge_topic_names_are_not_cached():
+    from broker.server.send_draft import _cached_topic_name_refusal, topic_name_refusal
+    before = _cached_topic_name_refusal.cache_info().currsize
+    assert topic_name_refusal("t" * 100_000) == "The specified topic is longer than topic max length."
+    assert topic_name_refusal("a b" * 100_000).startswith("The specified topic contains illegal characters")
+    assert _cached_topic_name_refusal.cache_info().currsize == before
