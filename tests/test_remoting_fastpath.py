@@ -232,3 +232,38 @@ def test_response_frame_refuses_lone_surrogates_as_encode_does():
     with pytest.raises(ProtocolError) as err2:
         RemotingCommand(code=0, opaque=1, flag=1, remark="\ud800").encode()
     assert str(err.value) == str(err2.value)
+
+
+# ---- the drafted record's encoding -----------------------------------------------------------------
+from broker.store.hosts import Host  # noqa: E402
+from broker.store.constants import MESSAGE_MAGIC_CODE_V2  # noqa: E402
+from broker.store.message import MessageRecord, decode_record  # noqa: E402
+
+
+@pytest.mark.parametrize("topic", ["T", "主题", "t" * 127, "t" * 128, "%RETRY%" + "g" * 200])
+@pytest.mark.parametrize("born, store", [(Host(bytes([127, 0, 0, 1]), 5), Host(bytes([10, 0, 0, 2]), 10911)),
+                                         (Host(bytes(range(16)), 7), Host(bytes([10, 0, 0, 2]), 10911)),
+                                         (Host(bytes([1, 2, 3, 4]), 7), Host(bytes(range(16)), 9))])
+@pytest.mark.parametrize("magic, crc", [(None, None), (None, 123), (MESSAGE_MAGIC_CODE_V2, None)])
+def test_record_encode_agrees_with_its_derived_values(topic, born, store, magic, crc):
+    rec = MessageRecord(topic=topic, body=b"\x00body\xff", properties_raw="UNIQ_KEY\x01AB\x02主\x01v", queue_id=3, flag=9,
+                        queue_offset=11, physical_offset=0, sys_flag=0x1, born_timestamp=1700000000000,
+                        born_host=born, store_timestamp=17, store_host=store, reconsume_times=2,
+                        prepared_transaction_offset=5, body_crc=crc, magic_code=magic)
+    data = rec.encode()
+    assert len(data) == rec.total_size
+    assert int.from_bytes(data[:4], "big") == rec.total_size
+    assert int.from_bytes(data[4:8], "big") == rec.effective_magic & 0xFFFFFFFF
+    assert int.from_bytes(data[8:12], "big") == rec.effective_body_crc
+    back = decode_record(data, 0)
+    assert back.encode() == data
+    assert (back.topic, back.body, back.properties_raw, back.born_host, back.store_host) == \
+        (topic, rec.body, rec.properties_raw, born, store)
+
+
+def test_huge_topic_names_are_not_cached():
+    from broker.server.send_draft import _cached_topic_name_refusal, topic_name_refusal
+    before = _cached_topic_name_refusal.cache_info().currsize
+    assert topic_name_refusal("t" * 100_000) == "The specified topic is longer than topic max length."
+    assert topic_name_refusal("a b" * 100_000).startswith("The specified topic contains illegal characters")
+    assert _cached_topic_name_refusal.cache_info().currsize == before

@@ -77,14 +77,16 @@ def unpack_frames(buf: bytearray) -> tuple[list[tuple[str, int, Any]], int]:
     (raises ``ValueError`` for a frame longer than ``MAX_IPC_FRAME``)."""
     messages: list[tuple[str, int, Any]] = []
     pos, end = 0, len(buf)
-    while end - pos >= 4:
-        (size,) = _LEN.unpack_from(buf, pos)
-        if size > MAX_IPC_FRAME:
-            raise ValueError(f"IPC frame of {size} bytes refused")
-        if end - pos - 4 < size:
-            break
-        messages += pickle.loads(memoryview(buf)[pos + 4:pos + 4 + size])
-        pos += 4 + size
+    with memoryview(buf) as view:  # released on return, whatever happens: the caller resizes buf
+        while end - pos >= 4:
+            (size,) = _LEN.unpack_from(view, pos)
+            if size > MAX_IPC_FRAME:
+                raise ValueError(f"IPC frame of {size} bytes refused")
+            if end - pos - 4 < size:
+                break
+            with view[pos + 4:pos + 4 + size] as frame:
+                messages += pickle.loads(frame)
+            pos += 4 + size
     return messages, pos
 
 

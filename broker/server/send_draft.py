@@ -71,10 +71,16 @@ def check_topic_name(topic: str) -> None:
         raise TopicRefused(remark)
 
 
-@functools.lru_cache(maxsize=4096)
 def topic_name_refusal(topic: str) -> str | None:
     """Apache's remark refusing ``topic`` as a name, or None. Cached: every send checks its topic,
-    and a broker sees few topics (the pattern match cost microseconds per message)."""
+    and a broker sees few topics (the pattern match cost microseconds per message); only names of a
+    length that can pass are kept, so a client cannot fill the cache with huge strings."""
+    if len(topic) > RETRY_TOPIC_MAX_LENGTH:
+        return _topic_name_refusal(topic)
+    return _cached_topic_name_refusal(topic)
+
+
+def _topic_name_refusal(topic: str) -> str | None:
     limit = RETRY_TOPIC_MAX_LENGTH if is_retry_topic(topic) or topic.startswith(DLQ_GROUP_TOPIC_PREFIX) \
         else MAX_TOPIC_LENGTH
     if not topic.strip():
@@ -84,6 +90,9 @@ def topic_name_refusal(topic: str) -> str | None:
     if len(topic) > limit:
         return "The specified topic is longer than topic max length."
     return None
+
+
+_cached_topic_name_refusal = functools.lru_cache(maxsize=4096)(_topic_name_refusal)
 
 
 @functools.lru_cache(maxsize=4096)

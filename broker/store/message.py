@@ -155,21 +155,28 @@ class MessageRecord:
     # ---- codec --------------------------------------------------------------------------------------
     def encode(self) -> bytes:
         """The record's bytes exactly as Apache's store writes them."""
-        topic = self.topic_bytes
-        props = self.properties_bytes
-        magic = self.effective_magic
+        # each derived value computed once here (the properties above re-encode on every use; a
+        # network process encodes every plain send it drafts)
+        topic = self.topic.encode("utf-8")
+        props = self.properties_raw.encode("utf-8")
+        magic = self.magic_code
+        if magic is None:
+            magic = MESSAGE_MAGIC_CODE_V2 if len(topic) > 127 else MESSAGE_MAGIC_CODE_V1
         v2 = magic == MESSAGE_MAGIC_CODE_V2
+        born_v6, store_v6 = self.born_host.is_ipv6, self.store_host.is_ipv6
         if len(topic) > (32767 if v2 else 127):
             raise ValueError(f"topic of {len(topic)} bytes does not fit a {'V2' if v2 else 'V1'} record")
         if len(props) > MAX_PROPERTIES_LENGTH:
             raise ValueError(f"properties of {len(props)} bytes exceed {MAX_PROPERTIES_LENGTH}")
         sys_flag = self.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)
-        if self.born_host.is_ipv6:
+        if born_v6:
             sys_flag |= BORNHOST_V6_FLAG
-        if self.store_host.is_ipv6:
+        if store_v6:
             sys_flag |= STOREHOSTADDRESS_V6_FLAG
+        total_size = record_size(len(self.body), len(topic), len(props), born_v6, store_v6, v2)
+        crc = body_crc(self.body) if self.body_crc is None else self.body_crc
         parts = [
-            _HEAD.pack(self.total_size, signed32(magic), self.effective_body_crc, self.queue_id,
+            _HEAD.pack(total_size, signed32(magic), crc, self.queue_id,
                        self.flag, self.queue_offset, self.physical_offset, sys_flag, self.born_timestamp),
             self.born_host.encode(),
             struct.pack(">q", self.store_timestamp),
