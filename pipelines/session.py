@@ -12,6 +12,8 @@ import sys
 
 from pyspark.sql import SparkSession
 
+from pipelines.job_args import launch_conf
+
 BASE_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
@@ -56,7 +58,9 @@ def build_session(app_name: str = "rocketlake", master: str | None = None,
         builder = builder.master(master)
     elif not _master_given_outside():
         builder = builder.master("local[2]")
-    conf = dict(BASE_CONF)
+    # jobs/spark-submit.conf too, so a session started from Python (`rocketlake ingest`, tests) gets
+    # the JVM options a spark-submit gets (under spark-submit they are already in force)
+    conf = {**BASE_CONF, **launch_conf()}
     if for_tests:
         conf.update(LOCAL_TEST_CONF)
     conf.update(extra_conf or {})
