@@ -330,12 +330,8 @@ class IpcClient(asyncio.Protocol):
         for kind, ident, payload in messages:
             if kind == "rep":
                 waiter = self._pending.pop(ident, None)
-                if waiter is None:
-                    pass
-                elif not isinstance(waiter, asyncio.Future):
-                    _call(waiter, payload)
-                elif not waiter.done():
-                    waiter.set_result(payload)
+                if waiter is not None:
+                    _settle(waiter, payload, failed=False)
             elif kind == "event":
                 try:
                     self._on_event(payload)
@@ -346,10 +342,7 @@ class IpcClient(asyncio.Protocol):
         self.closed.set()
         waiters, self._pending = self._pending, {}
         for waiter in waiters.values():
-            if not isinstance(waiter, asyncio.Future):
-                _call(waiter, ConnectionError("store process is gone"))
-            elif not waiter.done():
-                waiter.set_exception(ConnectionError("store process is gone"))
+            _settle(waiter, ConnectionError("store process is gone"), failed=True)
 
     # ---- writing -------------------------------------------------------------------------------
     def _write(self, message: tuple[str, int, Any]) -> None:
@@ -369,12 +362,8 @@ class IpcClient(asyncio.Protocol):
         if kind != "req":
             return
         waiter = self._pending.pop(ident, None)
-        if waiter is None:
-            return
-        if not isinstance(waiter, asyncio.Future):
-            _call(waiter, error)
-        elif not waiter.done():
-            waiter.set_exception(error)
+        if waiter is not None:
+            _settle(waiter, error, failed=True)
 
     async def call(self, payload: Any) -> Any:
         if self._transport is None or self.closed.is_set():
@@ -417,6 +406,18 @@ def _refused_reply(message: tuple[str, int, Any], error: Exception) -> tuple[str
     kind, ident, payload = message
     log.error("IPC reply %d (%s) not picklable: %r", ident, type(payload).__name__, error)
     return ("rep", ident, RuntimeError(f"reply not picklable: {error!r}"))
+
+
+def _settle(waiter: "asyncio.Future[Any] | Callable[[Any], None]", outcome: Any, *, failed: bool) -> None:
+    """Hand a request's outcome to whoever waits for it: a callback gets the reply or the error
+    itself (it tells them apart), a future gets a result or an exception."""
+    if not isinstance(waiter, asyncio.Future):
+        _call(waiter, outcome)
+    elif not waiter.done():
+        if failed:
+            waiter.set_exception(outcome)
+        else:
+            waiter.set_result(outcome)
 
 
 def _call(callback: Callable[[Any], None], outcome: Any) -> None:
