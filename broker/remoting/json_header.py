@@ -21,12 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-try:
-    import orjson
-except ImportError:  # pragma: no cover - a dependency; the standard library path stays correct
-    orjson = None  # type: ignore[assignment]
-
-_SORT = orjson.OPT_SORT_KEYS if orjson is not None else 0
+import orjson
 
 
 def _plain(value: Any) -> bool:
@@ -39,8 +34,7 @@ def _plain(value: Any) -> bool:
     elif t is list:
         items = value
     else:
-        return t is str or t is int or value is None or t is bool or \
-            (isinstance(value, (str, int)) and not isinstance(value, float))
+        return value is None or isinstance(value, (str, int))  # bool is an int
     for item in items:
         t = type(item)
         if t is str or t is int:
@@ -53,8 +47,6 @@ def _plain(value: Any) -> bool:
 def fast_loads(raw: bytes) -> Any:
     """What ``json.loads(raw.decode("utf-8"))`` gives, or None when orjson cannot tell it (the
     caller then takes the standard library path, with its own error text)."""
-    if orjson is None:
-        return None
     try:
         value = orjson.loads(raw)
         return value if _plain(value) else None
@@ -65,10 +57,9 @@ def fast_loads(raw: bytes) -> Any:
 def dumps_sorted(obj: Any) -> bytes:
     """``json.dumps(obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8")``,
     faster when it can be. Raises what that expression raises."""
-    if orjson is not None:
-        try:
-            if _plain(obj):
-                return orjson.dumps(obj, option=_SORT)
-        except (orjson.JSONEncodeError, TypeError, RecursionError):
-            pass
+    try:
+        if _plain(obj):
+            return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+    except (orjson.JSONEncodeError, TypeError, RecursionError):
+        pass
     return json.dumps(obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8")
