@@ -286,7 +286,7 @@ def cmd_namesrv_start(args: argparse.Namespace) -> int:
 # ---- broker subcommands --------------------------------------------------------------------------
 def cmd_broker_start(args: argparse.Namespace) -> int:
     from broker.remoting.transport import parse_address
-    from broker.server.broker import run_broker
+    from broker.server.supervisor import run_broker
     from broker.server.settings import BrokerSettings, SettingsError, load_settings
 
     overrides: dict = {"broker_name": args.name, "namesrv_addr": args.namesrv,

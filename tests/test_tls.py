@@ -22,7 +22,7 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.tls import ServerTls, ServerTlsConfig, TlsConfigError, TlsMode, client_context
 from broker.remoting.transport import SyncRemotingClient
-from broker.server.broker import Broker
+from broker.server.supervisor import Broker
 from broker.server.settings import SettingsError, load_settings, settings_dict, settings_from_mapping
 from tests.broker_harness import (
     REPO,

@@ -8,23 +8,29 @@ It knows nothing of requests, clients or metadata tables: those are :mod:`broker
 wraps this engine in the broker's processes.
 """
 
-from broker.engine.dispatch import ConsumeQueueView, Dispatcher
-from broker.engine.message_store import (
-    EncodedPut,
-    GetResult,
-    GetStatus,
-    MessageStore,
-    PutResult,
-    PutStatus,
-    QueryResult,
-    StoreError,
-)
-from broker.engine.recovery import QueueTail, RecoveryError, RecoveryReport
-from broker.engine.store_settings import StoreSettings
-from broker.store.constants import ASYNC_FLUSH, SYNC_FLUSH
+import importlib
 
-__all__ = [
-    "ASYNC_FLUSH", "SYNC_FLUSH", "ConsumeQueueView", "Dispatcher", "EncodedPut", "GetResult", "GetStatus",
-    "MessageStore", "PutResult", "PutStatus", "QueryResult", "QueueTail", "RecoveryError", "RecoveryReport",
-    "StoreError", "StoreSettings",
-]
+# name -> module: resolved on first use (PEP 562), so that importing one light module of this
+# package (``ha_frames``, ``store_settings``: the broker's settings need them) does not compile-load
+# the whole engine in processes that never run it (the broker's network processes, its supervisor)
+_EXPORTS = {
+    "ConsumeQueueView": "broker.engine.dispatch",
+    "Dispatcher": "broker.engine.dispatch",
+    **{name: "broker.engine.message_store" for name in (
+        "EncodedPut", "GetResult", "GetStatus", "MessageStore", "PutResult", "PutStatus", "QueryResult",
+        "StoreError")},
+    "QueueTail": "broker.engine.recovery",
+    "RecoveryError": "broker.engine.recovery",
+    "RecoveryReport": "broker.engine.recovery",
+    "StoreSettings": "broker.engine.store_settings",
+    "ASYNC_FLUSH": "broker.store.constants",
+    "SYNC_FLUSH": "broker.store.constants",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -4,20 +4,28 @@
 processors (:class:`~broker.server.processors.BrokerCore`), the metadata tables
 (:class:`BrokerMetadata`: topics, groups, consumer and delay offsets), delayed delivery, retries
 and dead letters, statistics, clients — and runs it all as the broker's processes (store process,
-dispatcher process, network processes; :mod:`broker.server.broker`).
+dispatcher process, network processes; :mod:`broker.server.supervisor`).
 """
 
-from broker.server.metadata import BrokerMetadata
-from broker.server.offsets import (
-    ConsumerOffsetManager,
-    DelayOffsetManager,
-    SubscriptionGroupManager,
-    TopicConfigManager,
-)
-from broker.server.schedule import ScheduleService
-from broker.server.send_back import SendBackResult, consumer_send_back
+import importlib
 
-__all__ = [
-    "BrokerMetadata", "ConsumerOffsetManager", "DelayOffsetManager", "ScheduleService", "SendBackResult",
-    "SubscriptionGroupManager", "TopicConfigManager", "consumer_send_back",
-]
+# name -> module: resolved on first use (PEP 562), so importing one light module of this package
+# (a network process's) does not import the storage engine behind the metadata tables
+_EXPORTS = {
+    "BrokerMetadata": "broker.server.metadata",
+    "ConsumerOffsetManager": "broker.server.offsets",
+    "DelayOffsetManager": "broker.server.offsets",
+    "SubscriptionGroupManager": "broker.server.offsets",
+    "TopicConfigManager": "broker.server.offsets",
+    "ScheduleService": "broker.server.schedule",
+    "SendBackResult": "broker.server.send_back",
+    "consumer_send_back": "broker.server.send_back",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,12 +1,12 @@
-"""The broker's processes and how they are started and stopped.
+"""The broker's store process: the process that owns the store directory.
 
-Process layout (see the README's architecture section for the reasons):
+The supervisor (:mod:`broker.server.supervisor`) spawns it; it starts the dispatcher process
+(:mod:`broker.server.dispatch_process`), and the network processes
+(:mod:`broker.server.network_process`) reach it over a Unix socket. See the README's architecture
+section for the whole layout and the reasons.
 
-* **supervisor** (the ``rocketlake broker start`` process): starts the others, forwards SIGTERM/SIGINT,
-  and stops them in order: network first (no new requests), then the store (flush, checkpoint,
-  remove ``abort``).
-* **store process**: owns the store directory — CommitLog append and flush (group commit for
-  SYNC_FLUSH), the schedule service, the transaction check service
+* **store process** (:func:`store_process_main`): owns the store directory — CommitLog append and
+  flush (group commit for SYNC_FLUSH), the schedule service, the transaction check service
   (:mod:`broker.server.transaction_check`), the request layer's metadata (topics, groups, consumer and
   delay offsets: :class:`~broker.server.metadata.BrokerMetadata`), the client registry, and
   name-server registration (every 30 s and right after a topic is created), and replication: a
@@ -15,34 +15,18 @@ Process layout (see the README's architecture section for the reasons):
   :class:`~broker.server.processors.BrokerCore`: sends on the link's I/O thread, in groups, the
   other requests on a thread pool.
 * **dispatcher process** (started by the store process): builds ConsumeQueue and IndexFile from the
-  CommitLog like Apache's ReputMessageService, and reports which queues grew
-  (:mod:`broker.server.dispatch_process`).
-* **network processes** (``requestProcesses``, default = cores): each accepts on the same TCP port
-  (SO_REUSEPORT), decodes frames and headers, refuses what the ACL refuses (:mod:`broker.acl`,
-  with ``aclEnable``) before anything is forwarded, drafts plain sends (:mod:`broker.server.send_draft`:
-  their records are encoded here), forwards requests to the store process, encodes the replies,
-  parks long-polling pulls until their queue grows, and sends NOTIFY_CONSUMER_IDS_CHANGED to its
-  own connections.
+  CommitLog like Apache's ReputMessageService, and reports which queues grew.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import multiprocessing as mp
-import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
-from broker.acl.config import acl_file_location, load_rules
-from broker.acl.gate import DENIED_CODE, AclGate
 from broker.remoting.bodies import RegisterBrokerBody
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
@@ -51,17 +35,17 @@ from broker.remoting.headers import (
     RegisterBrokerResponseHeader,
     UnRegisterBrokerRequestHeader,
 )
-from broker.remoting.tls import ServerTls, client_context
-from broker.remoting.transport import Connection, RemotingServer, SyncRemotingClient
+from broker.remoting.tls import client_context
+from broker.remoting.transport import SyncRemotingClient
 from broker.engine.ha_master import HAMaster
 from broker.engine.ha_slave import HAClient
-from broker.server.linux_process import set_process_name
+from broker.server.linux_process import GIL_SWITCH_INTERVAL_S, set_process_name
 from broker.engine.message_store import MessageStore
 from broker.server.metadata import BrokerMetadata
 from broker.server.offsets import TopicConfigManager
 from broker.engine.store_settings import StoreSettings
-from broker.server.processors import SEND_CODES, BrokerCore, Reply, Request
-from broker.server.send_draft import SendDrafter
+from broker.server.processors import BrokerCore
+from broker.server.request_reply import SEND_CODES, Reply, Request
 from broker.server.schedule import ScheduleService
 from broker.server.settings import BrokerSettings
 from broker.server.settings.declared import SLAVE, SYNC_MASTER
@@ -70,7 +54,6 @@ from broker.store.hosts import Host
 
 log = logging.getLogger(__name__)
 
-READY_TIMEOUT_S = 120.0
 SLAVE_RETRY_S = 1.0
 
 
@@ -194,11 +177,6 @@ class _GrowthBatcher:
     def stop(self) -> None:
         self._stop = True
         self._event.set()
-
-
-# Request threads hand the GIL to each other constantly; Python's default 5 ms switch interval
-# would put that much latency on a contended hand-off.
-GIL_SWITCH_INTERVAL_S = 0.0002
 
 
 def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: str, ready, log_level: int,
@@ -327,311 +305,3 @@ def start_replication(store: MessageStore, settings: BrokerSettings) -> HAMaster
     if settings.broker_role == SYNC_MASTER:
         store.replica_gate = master.replica_status
     return master
-
-
-# =====================================================================================================
-# network processes
-# =====================================================================================================
-class NetworkFrontend:
-    """One network process: TCP ↔ frames ↔ store process, plus long polling."""
-
-    def __init__(self, settings: BrokerSettings, socket_path: str, acl_path: str | None = None) -> None:
-        self.settings = settings
-        self.socket_path = socket_path
-        # checked here, before a request is forwarded: a refused one never reaches the store process
-        self.acl = AclGate(acl_path) if acl_path else None
-        self.pid = os.getpid()
-        self._conn_ids: dict[int, Connection] = {}
-        self._next_conn = 0
-        self._waiters: dict[tuple[str, int], list[tuple[int, asyncio.Future]]] = {}
-        from broker.server.ipc import IpcClient
-
-        self.link = IpcClient(socket_path, self._on_event)
-        # plain sends are drafted here, their records encoded: the store process only places them
-        self.drafter = SendDrafter(settings.broker_cluster_name, Host.parse(settings.broker_addr),
-                                   settings.max_message_size)
-        tls = settings.server_tls()  # each network process watches the certificate files itself
-        self.server = RemotingServer(settings.listen_host, settings.listen_port, self.process,
-                                     max_frame=settings.max_frame_length, name="broker", reuse_port=True,
-                                     fast_handler=self.take_send, tls=ServerTls(tls) if tls.enabled else None)
-
-    def _channel(self, conn: Connection) -> tuple[int, int]:
-        ident = conn.attributes.get("rocketlake.channel")
-        if ident is None:
-            self._next_conn += 1
-            ident = (self.pid, self._next_conn)
-            conn.attributes["rocketlake.channel"] = ident
-            self._conn_ids[ident[1]] = conn
-
-            def closed(*_args) -> None:
-                self._conn_ids.pop(ident[1], None)
-                self.link.notify_closed(ident)
-
-            conn.add_close_callback(closed)
-        return ident
-
-    def _on_event(self, event) -> None:
-        if event[0] == "grew":
-            for topic, qid, max_offset in event[1]:
-                waiters = self._waiters.get((topic, qid))
-                if not waiters:
-                    continue
-                keep = []
-                for offset, fut in waiters:
-                    if max_offset > offset and not fut.done():
-                        fut.set_result(True)
-                    elif not fut.done():
-                        keep.append((offset, fut))
-                if keep:
-                    self._waiters[(topic, qid)] = keep
-                else:
-                    self._waiters.pop((topic, qid), None)
-        elif event[0] == "notify":
-            _, group, channels = event
-            for pid, serial in channels:
-                if pid != self.pid:
-                    continue
-                conn = self._conn_ids.get(serial)
-                if conn is not None and not conn.closed:
-                    cmd = RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
-                                                  {"consumerGroup": group}, oneway=True)
-                    asyncio.ensure_future(self._notify(conn, cmd))
-        elif event[0] == "call":  # the store process asks one of our clients something
-            _, call_id, serial, request = event
-            asyncio.ensure_future(self._call_client(call_id, self._conn_ids.get(serial), request))
-
-    async def _call_client(self, call_id: int, conn: Connection | None, request) -> None:
-        from broker.server.client_calls import call_client
-
-        self.link.send_call_reply(call_id, await call_client(conn, request))
-
-    async def _notify(self, conn: Connection, cmd: RemotingCommand) -> None:
-        try:
-            await conn.send_oneway(cmd)
-        except Exception as exc:
-            log.debug("notify to %s failed: %s", conn.peer, exc)
-
-    async def _park(self, topic: str, qid: int, offset: int, timeout_ms: int) -> None:
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault((topic, qid), []).append((offset, fut))
-        try:
-            await asyncio.wait_for(fut, timeout_ms / 1000)
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            waiters = self._waiters.get((topic, qid))
-            if waiters:
-                self._waiters[(topic, qid)] = [w for w in waiters if w[1] is not fut]
-                if not self._waiters[(topic, qid)]:
-                    del self._waiters[(topic, qid)]
-
-    def _refused(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
-        """Apache's answer to a request the ACL refuses (None: it may pass)."""
-        denied = self.acl.check(cmd.code, cmd.ext_fields, cmd.body, conn.peer, int(cmd.version or 0))
-        return None if denied is None else cmd.response(DENIED_CODE, denied.remark)
-
-    async def process(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
-        if self.acl is not None and (refusal := self._refused(cmd, conn)) is not None:
-            return None if cmd.is_oneway else refusal
-        req = Request(code=cmd.code, ext=dict(cmd.ext_fields), body=cmd.body, channel=self._channel(conn),
-                      peer=conn.peer, language=str(cmd.language), version=int(cmd.version or 0))
-        try:
-            reply: Reply = await self.link.call(req)
-            if reply.suspend is not None:
-                topic, qid, offset, timeout = reply.suspend
-                await self._park(topic, qid, offset, timeout)
-                req.resumed = True
-                reply = await self.link.call(req)
-        except ConnectionError:
-            return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, "broker is shutting down")
-        if cmd.is_oneway:
-            return None
-        return cmd.response(reply.code, reply.remark, reply.ext, reply.body)
-
-    def take_send(self, cmd: RemotingCommand, conn: Connection) -> bool:
-        """Sends skip the task-per-request path: forwarded with a callback that answers on the
-        connection (they never park, and they are most of a busy broker's requests)."""
-        if cmd.code not in SEND_CODES:
-            return False
-        if self.acl is not None and (refusal := self._refused(cmd, conn)) is not None:
-            conn.answer(cmd, refusal)  # the transport gives this path requests that want an answer only
-            return True
-        channel = self._channel(conn)
-        req = self.drafter.draft(cmd.code, cmd.ext_fields, cmd.body, conn.peer, channel) or \
-            Request(code=cmd.code, ext=dict(cmd.ext_fields), body=cmd.body, channel=channel, peer=conn.peer,
-                    language=str(cmd.language), version=int(cmd.version or 0))
-
-        def answer(reply) -> None:
-            if isinstance(reply, Reply):
-                conn.answer_with(cmd, reply.code, reply.remark, reply.ext, reply.body)
-            elif isinstance(reply, ConnectionError):  # the store process is gone
-                conn.answer_with(cmd, ResponseCode.SERVICE_NOT_AVAILABLE, "broker is shutting down")
-            else:  # the store process's last resort: the batch failed as a whole
-                conn.answer_with(cmd, ResponseCode.SYSTEM_ERROR, f"{type(reply).__name__}: {reply}")
-
-        self.link.submit(req, answer)
-        return True
-
-    async def run(self, ready, stop: asyncio.Event) -> None:
-        await self.link.connect()
-        await self.server.start()
-        ready.set()
-        acl_watch = asyncio.create_task(self.acl.watch()) if self.acl is not None else None
-        closed = asyncio.create_task(self.link.closed.wait())
-        stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait({closed, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if acl_watch is not None:
-            acl_watch.cancel()
-        await self.server.stop()
-        await self.link.close()
-
-
-def network_process_main(settings: BrokerSettings, socket_path: str, ready, log_level: int, index: int = 0,
-                         acl_path: str | None = None) -> None:
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    set_process_name(f"rl-net-{index}")
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [net] %(name)s: %(message)s")
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await NetworkFrontend(settings, socket_path, acl_path).run(ready, stop)
-
-    asyncio.run(main())
-
-
-# =====================================================================================================
-# supervisor
-# =====================================================================================================
-@dataclass
-class BrokerProcesses:
-    store: mp.Process
-    network: list[mp.Process]
-    socket_dir: str
-
-
-class Broker:
-    """Starts and stops one broker (store process + network processes)."""
-
-    def __init__(self, settings: BrokerSettings, store_dir: str | os.PathLike, log_level: int = logging.WARNING,
-                 config_path: str | os.PathLike | None = None) -> None:
-        self.settings = settings
-        # UPDATE_BROKER_CONFIG writes runtime changes back here (absolute: the store process may chdir)
-        self.config_path = str(Path(config_path).resolve()) if config_path is not None else None
-        self.store_dir = str(Path(store_dir).resolve())
-        # the ACL file is found and checked now: a missing or broken one stops the start with its error
-        self.acl_path: str | None = None
-        if settings.acl_enable:
-            self.acl_path = str(acl_file_location(settings.acl_file_path, self.config_path))
-            load_rules(self.acl_path)
-        self.log_level = log_level
-        self.procs: BrokerProcesses | None = None
-        self._ctx = mp.get_context("spawn")
-
-    def start(self) -> None:
-        """Start every process; TlsConfigError (naming the setting and file) before any starts when
-        TLS is on (tlsMode, useTLS) and a certificate or key it needs cannot be loaded."""
-        ServerTls(self.settings.server_tls())
-        client_tls = self.settings.client_tls()
-        if client_tls is not None:
-            client_context(client_tls)
-        Path(self.store_dir).mkdir(parents=True, exist_ok=True)
-        sock_dir = tempfile.mkdtemp(prefix="rocketlake-broker-")
-        socket_path = os.path.join(sock_dir, "store.sock")
-        ready = self._ctx.Event()
-        store = self._ctx.Process(target=store_process_main, name="rocketlake-store",
-                                  args=(self.settings, self.store_dir, socket_path, ready, self.log_level,
-                                        self.config_path))
-        store.start()
-        self.procs = BrokerProcesses(store, [], sock_dir)
-        self._wait(ready, store, "store process")
-        for i in range(self.settings.request_processes):
-            net_ready = self._ctx.Event()
-            proc = self._ctx.Process(target=network_process_main, name=f"rocketlake-net-{i}",
-                                     args=(self.settings, socket_path, net_ready, self.log_level, i, self.acl_path))
-            proc.start()
-            self.procs.network.append(proc)
-            self._wait(net_ready, proc, f"network process {i}")
-        log.info("broker %s listening on %s:%d (%d network processes)", self.settings.broker_name,
-                 self.settings.listen_host, self.settings.listen_port, len(self.procs.network))
-
-    def _wait(self, ready, proc: mp.Process, what: str) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not ready.wait(0.1):
-            if not proc.is_alive():
-                self.stop()
-                raise RuntimeError(f"{what} exited with code {proc.exitcode} during start-up (see its log)")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"{what} did not start within {READY_TIMEOUT_S:.0f} s")
-
-    @property
-    def pids(self) -> list[int]:
-        if self.procs is None:
-            return []
-        return [p.pid for p in [self.procs.store, *self.procs.network] if p.pid]
-
-    def alive(self) -> bool:
-        return self.procs is not None and self.procs.store.is_alive() and all(p.is_alive() for p in self.procs.network)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Clean shutdown: network processes first, then the store (flush, checkpoint, no abort)."""
-        if self.procs is None:
-            return
-        for proc in self.procs.network:
-            if proc.is_alive():
-                proc.terminate()
-        for proc in self.procs.network:
-            proc.join(timeout)
-        if self.procs.store.is_alive():
-            self.procs.store.terminate()
-            self.procs.store.join(timeout)
-        for proc in [*self.procs.network, self.procs.store]:
-            if proc.is_alive():
-                log.error("%s did not stop in %.0f s; killing it", proc.name, timeout)
-                proc.kill()
-                proc.join()
-        shutil.rmtree(self.procs.socket_dir, ignore_errors=True)
-        self.procs = None
-
-    def kill(self) -> None:
-        """``kill -9`` every process at once (crash tests)."""
-        if self.procs is None:
-            return
-        for proc in [self.procs.store, *self.procs.network]:
-            if proc.is_alive():
-                os.kill(proc.pid, signal.SIGKILL)
-        for proc in [self.procs.store, *self.procs.network]:
-            proc.join()
-        shutil.rmtree(self.procs.socket_dir, ignore_errors=True)
-        self.procs = None
-
-    def __enter__(self) -> "Broker":
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def run_broker(settings: BrokerSettings, store_dir: str, log_level: int = logging.WARNING,
-               config_path: str | os.PathLike | None = None) -> int:
-    """Foreground broker for the CLI: runs until SIGTERM/SIGINT, then stops cleanly."""
-    broker = Broker(settings, store_dir, log_level, config_path)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    broker.start()
-    print(f"broker {settings.broker_name} listening on {settings.listen_host}:{settings.listen_port}, "
-          f"store {store_dir}", flush=True)
-    try:
-        while not stop.wait(1.0):
-            if not broker.alive():
-                log.error("a broker process died; stopping the broker")
-                broker.stop()
-                return 1
-    finally:
-        broker.stop()
-    return 0

@@ -19,8 +19,7 @@ import shutil
 import threading
 import time
 import zlib
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from broker.remoting.bodies import (
@@ -77,6 +76,7 @@ from broker.server.send_draft import (
     send_properties,
     waits_for_store,
 )
+from broker.server.request_reply import Reply, Request
 from broker.server.stats import BrokerStatsManager
 from broker.server.settings import BrokerSettings
 from broker.server.settings.declared import MAX_TOPIC_QUEUE_NUMS as MAX_QUEUE_NUMS
@@ -114,42 +114,6 @@ V3_4_9 = 121  # clients at or above honour maxReconsumeTimes from the send-back 
 
 
 @dataclass
-class Request:
-    code: int
-    ext: dict[str, str]
-    body: bytes = b""
-    channel: object = None  # opaque id of the client connection (handler id, connection number)
-    peer: str = ""  # "ip:port" of the client
-    language: str = ""
-    version: int = 0
-    resumed: bool = False  # a parked pull asked again: do not park it a second time
-
-    def __reduce__(self):
-        # crosses the process link once per message: a tuple pickles in half the time of a dataclass
-        return Request, (self.code, self.ext, self.body, self.channel, self.peer, self.language, self.version,
-                         self.resumed)
-
-
-@dataclass
-class Reply:
-    code: int = ResponseCode.SUCCESS
-    remark: str | None = None
-    ext: dict[str, str] = field(default_factory=dict)
-    body: bytes = b""
-    suspend: tuple[str, int, int, int] | None = None  # (topic, queue id, offset, timeout ms) to park
-    notify: list[Notify] = field(default_factory=list)  # NOTIFY_CONSUMER_IDS_CHANGED to send
-    deferred: Future | None = None  # the real reply comes later (a client's answer): a Future of a Reply
-
-    def __reduce__(self):
-        # crosses the process link once per message; a deferred reply never does (it is a Future)
-        if self.deferred is not None:
-            raise TypeError("a deferred Reply cannot leave its process")
-        if self.notify:
-            return Reply, (self.code, self.remark, self.ext, self.body, self.suspend, self.notify)
-        return Reply, (self.code, self.remark, self.ext, self.body, self.suspend)
-
-
-@dataclass
 class PreparedSend:
     """A validated send, ready for the store: one record, or the records of a batch."""
 
@@ -171,9 +135,6 @@ class PreparedSend:
     @property
     def count(self) -> int:
         return 1 if self.encoded is not None else len(self.records)
-
-
-SEND_CODES = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE})
 
 
 # SendMessageProcessor's remark for a put refused as MESSAGE_ILLEGAL / PROPERTIES_SIZE_EXCEEDED (4.9.x wording)
