@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml constraints.txt
 java-check:
 	@java -version 2>&1 | grep -q 'version "17' || { echo "error: Java 17 is needed by Spark; install it with 'apt-get install openjdk-17-jdk-headless' and put it on PATH (or set JAVA_HOME)"; exit 1; }
 
+# --durations: every run names its 25 slowest steps, so a suite that grows slower says where
 test: venv java-check
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # jobs/spark-submit.conf: the Spark properties every launcher passes (JVM options), as --conf arguments
 SPARK_LAUNCH_CONF := $(shell sed -n "s/^\(spark\.[^ ]*\) \(.*\)/--conf '\1=\2'/p" jobs/spark-submit.conf)
