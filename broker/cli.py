@@ -248,6 +248,13 @@ def _add_namesrv_tls_arguments(p: argparse.ArgumentParser) -> None:
                    default=tls.ClientAuth.NONE.value, help=f"{tls.NEED_CLIENT_AUTH_KEY} (default none)")
 
 
+def _stop_with_parent(args: argparse.Namespace) -> None:
+    if args.stop_with_parent:
+        from broker.server.linux_process import terminate_when_orphaned
+
+        terminate_when_orphaned()
+
+
 def cmd_namesrv_start(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -271,6 +278,7 @@ def cmd_namesrv_start(args: argparse.Namespace) -> int:
     except TlsConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    _stop_with_parent(args)
     try:
         asyncio.run(serve_name_server(args.listen, broker_timeout_s=args.broker_timeout, on_ready=ready, tls=tls,
                                       acl_file=acl_file))
@@ -311,7 +319,8 @@ def cmd_broker_start(args: argparse.Namespace) -> int:
     from broker.remoting.tls import TlsConfigError
 
     try:
-        return run_broker(settings, str(store), logging.getLogger().level, args.config)
+        return run_broker(settings, str(store), logging.getLogger().level, args.config,
+                          stop_with_parent=args.stop_with_parent)
     except (AclConfigError, TlsConfigError) as exc:  # aclEnable with a missing/broken ACL file; unusable TLS files
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -496,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="admin requests (KV config, topic deletion, config update) need an admin account of the "
                         "ACL file (Apache's plain_acl.yml); routes and registration stay open")
     p.add_argument("--acl-file", type=Path, default=None, metavar="FILE", help="the ACL file (plain_acl.yml)")
+    p.add_argument("--stop-with-parent", action="store_true",
+                   help="stop cleanly (as on SIGTERM) when the process that started this one exits (for programs "
+                        "that start their own servers: tests, benchmarks, the demo)")
     _add_namesrv_tls_arguments(p)
     p.set_defaults(func=cmd_namesrv_start)
 
@@ -516,6 +528,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "broker.conf (Java properties: .conf/.properties, or any file that is not TOML)")
     p.add_argument("--flush-disk-type", choices=FLUSH_DISK_TYPES, default=None)
     p.add_argument("--processes", type=_positive, default=None, help="network processes (default: cores)")
+    p.add_argument("--stop-with-parent", action="store_true",
+                   help="stop cleanly (as on SIGTERM) when the process that started this one exits (for programs "
+                        "that start their own servers: tests, benchmarks, the demo)")
     p.set_defaults(func=cmd_broker_start)
 
     from broker.admin_cli import add_admin_parser  # here: admin_cli imports this module's helpers

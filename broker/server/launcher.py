@@ -1,4 +1,8 @@
-"""Start a real name server and broker as separate processes on loopback (tests, demo, benchmarks)."""
+"""Start a real name server and broker as separate processes on loopback (tests, demo, benchmarks).
+
+Each runs in its own session (a terminal's Ctrl-C reaches the starter, which stops them in order) and
+with ``--stop-with-parent``: a starter that dies without stopping them (a timeout's SIGKILL) does not
+leave them running."""
 
 from __future__ import annotations
 
@@ -91,7 +95,8 @@ def start_namesrv(tmp: Path, extra_args: Sequence[str] = ()) -> tuple[subprocess
     """A name server on a free loopback port; ``extra_args`` are more ``namesrv start`` flags (TLS)."""
     port = free_port()
     log = open(tmp / f"namesrv-{port}.log", "w")
-    proc = subprocess.Popen([*ROCKETLAKE, "namesrv", "start", "--listen", f"127.0.0.1:{port}", *extra_args], cwd=REPO,
+    proc = subprocess.Popen([*ROCKETLAKE, "namesrv", "start", "--listen", f"127.0.0.1:{port}", "--stop-with-parent",
+                             *extra_args], cwd=REPO,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     wait_port(port, proc=proc)
     return proc, f"127.0.0.1:{port}"
@@ -110,7 +115,7 @@ def start_broker(store: Path, namesrv: str, config: dict | None = None, port: in
     log_start = log.tell()  # a restart appends to the same log: only what this start writes counts
     proc = subprocess.Popen([*ROCKETLAKE, "--log-level", "INFO", "broker", "start", "--store", str(store),
                              "--listen", f"127.0.0.1:{port}", "--namesrv", namesrv, "--config", str(cfg),
-                             "--processes", str(processes)],
+                             "--processes", str(processes), "--stop-with-parent"],
                             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     wait_port(port, proc=proc)
     _wait_started(log_path, log_start, f"listening on 127.0.0.1:{port}, store", proc)

@@ -12,6 +12,8 @@ import ctypes
 import logging
 import os
 import signal
+import threading
+import time
 
 log = logging.getLogger(__name__)
 
@@ -57,3 +59,22 @@ def die_with_parent(parent_pid: int) -> None:
         log.warning("prctl(PR_SET_PDEATHSIG) is not available; the parent's death is noticed by polling")
     if os.getppid() != parent_pid:
         os._exit(1)
+
+
+def terminate_when_orphaned(poll_s: float = 0.5) -> None:
+    """SIGTERM this process (its own clean stop) once the process that started it is gone.
+
+    For servers a program starts for itself (tests, benchmarks, the demo: ``--stop-with-parent``): a
+    starter killed before it could stop them (a timeout's SIGKILL) left them running for good,
+    because they run in their own session. The parent is polled rather than ``PR_SET_PDEATHSIG``
+    asked for, because the kernel sends that one when the *thread* that forked exits."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        log.warning("the process that started this one (pid %d) is gone; stopping", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+

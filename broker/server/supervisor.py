@@ -29,6 +29,7 @@ from pathlib import Path
 
 from broker.acl.config import acl_file_location, load_rules
 from broker.remoting.tls import ServerTls, client_context
+from broker.server.linux_process import terminate_when_orphaned
 from broker.server.network_process import network_process_main
 from broker.server.settings import BrokerSettings
 
@@ -160,12 +161,15 @@ class Broker:
 
 
 def run_broker(settings: BrokerSettings, store_dir: str, log_level: int = logging.WARNING,
-               config_path: str | os.PathLike | None = None) -> int:
-    """Foreground broker for the CLI: runs until SIGTERM/SIGINT, then stops cleanly."""
+               config_path: str | os.PathLike | None = None, stop_with_parent: bool = False) -> int:
+    """Foreground broker for the CLI: runs until SIGTERM/SIGINT, then stops cleanly
+    (``stop_with_parent``: also once the process that started it is gone)."""
     broker = Broker(settings, store_dir, log_level, config_path)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    if stop_with_parent:
+        terminate_when_orphaned()
     broker.start()
     print(f"broker {settings.broker_name} listening on {settings.listen_host}:{settings.listen_port}, "
           f"store {store_dir}", flush=True)
