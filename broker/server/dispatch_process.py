@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import queue as queue_mod
 import select
 import threading
@@ -80,6 +81,12 @@ class WakeWaiter:
                 pass
 
 
+def _report(out, item: object) -> None:
+    """One message on the progress pipe: plain pickle (its items are tuples of str and int; the
+    ForkingPickler that ``Connection.send`` builds per call is for handles, which never go here)."""
+    out.send_bytes(pickle.dumps(item, pickle.HIGHEST_PROTOCOL))
+
+
 def _run_commands(commands, dispatcher: Dispatcher, out, count: int) -> int:
     """Run ``count`` topic deletions, ``(topic, fence, token)`` each, answered on ``out`` with
     ``(DELETED, token, None)`` or the error text; returns how many it got (the rest, not yet
@@ -97,7 +104,7 @@ def _run_commands(commands, dispatcher: Dispatcher, out, count: int) -> int:
         except Exception as exc:  # answer it: the store process must not wait for ever
             log.exception("deleting the consume queues of %s failed", topic)
             error = f"{type(exc).__name__}: {exc}"
-        out.send((DELETED, token, error))
+        _report(out, (DELETED, token, error))
     return done
 
 
@@ -143,7 +150,7 @@ def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, 
                 dispatcher.next_offset = max(dispatcher.next_offset, end)
                 report = [(t, q, nxt, registry.get(t, q).max_phy_end) for (t, q), nxt in grown.items()]
                 grown.clear()
-                out.send((report, dispatcher.last_store_timestamp, dispatcher.next_offset))
+                _report(out, (report, dispatcher.last_store_timestamp, dispatcher.next_offset))
                 time.sleep(PASS_INTERVAL_S)
             if time.monotonic() - last_sync >= SYNC_INTERVAL_S:
                 dispatcher.sync()
@@ -153,7 +160,7 @@ def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, 
     finally:
         dispatcher.sync()
         dispatcher.close()
-        out.send(None)  # done: everything up to the committed end is dispatched and synced
+        _report(out, None)  # done: everything up to the committed end is dispatched and synced
         log.info("dispatcher stopped at commitlog offset %d", dispatcher.next_offset)
 
 
@@ -234,7 +241,7 @@ class ExternalDispatcher:
             item = EOFError
             if self._out_poll.poll(1000):
                 try:
-                    item = self._out.recv()
+                    item = pickle.loads(self._out.recv_bytes())
                 except EOFError:
                     pass
             elif self.process.is_alive():
