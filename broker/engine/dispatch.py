@@ -189,6 +189,8 @@ class Dispatcher:
             self._complete_last_indexed()
         self._sync_lock = threading.Lock()
         self._dirty_files: set[Path] = set()
+        # (topic, queue id, file base) -> the file's path: built once, not with pathlib on every pass
+        self._cq_file_paths: dict[tuple[str, int, int], Path] = {}
         self.last_store_timestamp = 0
         self._listeners: list[Callable[[str, int, int], None]] = []
         self.released = False  # writers handed to an external dispatcher process
@@ -298,12 +300,16 @@ class Dispatcher:
         """After a dispatch: make the new units readable (``pwrite``), note the files to sync and
         the store time, move the queue views' ends and wake the listeners."""
         dirty: set[Path] = set()
+        paths = self._cq_file_paths
         for (topic, qid), (first, nxt, _) in touched.items():
             cq = self.cq.queue(topic, qid)
             cq.flush()  # pwrite: readable from here on
             fs = cq.file_size
             for base in range(first * CQ_STORE_UNIT_SIZE // fs * fs, (nxt - 1) * CQ_STORE_UNIT_SIZE + 1, fs):
-                dirty.add(cq.directory / offset_to_file_name(base))
+                path = paths.get((topic, qid, base))
+                if path is None:
+                    path = paths[(topic, qid, base)] = cq.directory / offset_to_file_name(base)
+                dirty.add(path)
         with self._sync_lock:
             if last_store_timestamp is not None:
                 self.last_store_timestamp = max(self.last_store_timestamp, last_store_timestamp)
@@ -332,6 +338,7 @@ class Dispatcher:
         directory = self.store_dir / CONSUME_QUEUE_DIR / topic
         with self._sync_lock:
             self._dirty_files = {p for p in self._dirty_files if directory not in p.parents}
+        self._cq_file_paths = {k: p for k, p in self._cq_file_paths.items() if k[0] != topic}
         self.queues.drop_topic(topic)
         if directory.is_dir():
             shutil.rmtree(directory)

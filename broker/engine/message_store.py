@@ -540,28 +540,33 @@ class MessageStore:
                     for i, _ in prepared:
                         results[i] = PutResult(PutStatus.SERVICE_NOT_AVAILABLE)
                     prepared = []
+                writer, clock = self._writer, self.clock
+                keep = not self._dispatch.external  # in-process dispatch decodes the bytes as written
+                refusing = bool(self._deleting or self._deleted)
+                start = writer.write_offset
                 for i, ready in prepared:
-                    encoded = isinstance(ready, EncodedPut)
-                    if self._deleting or self._deleted:
+                    encoded = type(ready) is EncodedPut
+                    if refusing:
                         client_put = True if encoded else puts[i][1] or puts[i][2]
                         if self._refused_topic(ready.topic if encoded else ready[0].topic, client_put):
                             results[i] = PutResult(PutStatus.TOPIC_NOT_EXIST)
                             continue
-                    before = self._writer.write_offset
-                    ts = self.clock()
+                    ts = clock()
                     try:
                         if encoded:
-                            placed = [self._writer.append_encoded(ready.data, ready.topic, ready.queue_id, ts)]
+                            placed = writer.append_encoded(ready.data, ready.topic, ready.queue_id, ts, keep)
                         else:
-                            placed = self._writer.append_batch(ready, ts)
+                            placed = writer.append_batch(ready, ts)
                     except ValueError as exc:  # cannot fit a commitlog file
                         log.warning("rejected put to %s: %s", ready.topic if encoded else ready[0].topic, exc)
                         results[i] = PutResult(PutStatus.MESSAGE_ILLEGAL)
                         continue
-                    self._dirty_segments.add(self._segment_base(before))
-                    self._dirty_segments.add(self._segment_base(placed[0].physical_offset))
                     self._last_store_ts = ts
                     appended.append((i, placed, ts))
+                if appended:  # every file from the first put's (a roll leaves a BLANK there) to the last's
+                    seg = self.settings.segment_bytes
+                    self._dirty_segments.update(range(self._segment_base(start),
+                                                      self._segment_base(writer.write_offset) + 1, seg))
                 if appended:
                     try:
                         self._writer.flush()  # pwrite: visible to readers and to the dispatcher
@@ -571,8 +576,9 @@ class MessageStore:
                             results[i] = PutResult(PutStatus.UNKNOWN_ERROR)
                         return results  # type: ignore[return-value]
                     self._committed_end = self._writer.write_offset
-                    if not self._dispatch.external:  # in-process dispatch needs the records themselves
-                        self._dispatch.appended([_placed_record(r) for _, placed, _ in appended for r in placed])
+                    if keep:  # in-process dispatch needs the records themselves
+                        self._dispatch.appended([_placed_record(r) for _, placed, _ in appended
+                                                 for r in ((placed,) if type(placed) is EncodedAppend else placed)])
                     end = self._committed_end
         if end is not None:
             self._notify_committed(end)
@@ -580,16 +586,17 @@ class MessageStore:
             if self.settings.flush_disk_type == SYNC_FLUSH and not self._sync_to(end):
                 status = PutStatus.FLUSH_DISK_TIMEOUT
             replica_status = self._replicate(end, appended, waits)
+            # offsetMsgId = store host + port, then the offset as 16 hex digits: the host part once a batch
+            msg_id_prefix = encode_offset_msg_id(self.settings.store_host, 0)[:-16]
             for i, placed_results, ts in appended:
                 if i in replica_status:  # a replica's status overrides the flush's (asyncPutMessage)
                     status_i = replica_status[i]
                 else:
                     status_i = status
-                if isinstance(puts[i], EncodedPut):
-                    (one,) = placed_results
-                    results[i] = PutResult(status_i, encode_offset_msg_id(self.settings.store_host, one.physical_offset),
-                                           puts[i].topic, puts[i].queue_id, one.queue_offset, (one.physical_offset,),
-                                           one.size, ts)
+                if type(placed_results) is EncodedAppend:
+                    one, put = placed_results, puts[i]
+                    results[i] = PutResult(status_i, msg_id_prefix + "%016X" % one.physical_offset, put.topic,
+                                           put.queue_id, one.queue_offset, (one.physical_offset,), one.size, ts)
                     continue
                 placed = tuple(r.record for r in placed_results)
                 results[i] = PutResult(status_i, ",".join(r.offset_msg_id for r in placed), placed[0].topic,

@@ -17,7 +17,9 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import queue as queue_mod
+import select
 import threading
 import time
 from pathlib import Path
@@ -38,28 +40,79 @@ IDLE_WAIT_S = 0.05
 # reports, a wake-up per message on cores the senders need.
 PASS_INTERVAL_S = 0.001
 DELETE_TOPIC_TIMEOUT_S = 30.0
-DELETED = "topic-deleted"  # acknowledgement marker on the progress queue: (DELETED, token, error or None)
+DELETED = "topic-deleted"  # acknowledgement marker on the progress pipe: (DELETED, token, error or None)
+# control words shared with the store process (one RawArray): stop asked, topic deletions queued so far
+STOP, COMMANDS = 0, 1
+COMMAND_GET_TIMEOUT_S = 1.0  # a counted command is on its way through the queue's feeder thread
 
 
-def _run_commands(commands, dispatcher: Dispatcher, out) -> None:
-    """Topic deletions asked for since the last batch: ``(topic, fence, token)`` each, answered on
-    ``out`` with ``(DELETED, token, None)`` or the error text."""
-    while True:
+class Waker:
+    """The store process's wake-up of the dispatcher: one byte written to a non-blocking pipe.
+
+    Why not an ``mp.Event``: ``set`` takes the event's lock and notifies its condition (several
+    semaphore operations, ~10 µs of Python), and ran once per stored batch; ``write`` is one
+    syscall, and a full pipe (the dispatcher already has bytes to read) needs nothing more."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        os.set_blocking(fd, False)
+
+    def __call__(self) -> None:
         try:
-            topic, fence, token = commands.get_nowait()
+            os.write(self.fd, b"\0")
+        except BlockingIOError:
+            pass  # full: the dispatcher has not read the earlier wake-ups yet
+
+
+class WakeWaiter:
+    """The dispatcher's side of :class:`Waker`: wait up to a timeout for a wake-up, then drain."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
+
+    def wait(self, timeout_s: float) -> None:
+        if self._poll.poll(int(timeout_s * 1000)):
+            try:
+                os.read(self.fd, 65536)
+            except BlockingIOError:
+                pass
+
+
+def _report(out, item: object) -> None:
+    """One message on the progress pipe: plain pickle (its items are tuples of str and int; the
+    ForkingPickler that ``Connection.send`` builds per call is for handles, which never go here)."""
+    out.send_bytes(pickle.dumps(item, pickle.HIGHEST_PROTOCOL))
+
+
+def _run_commands(commands, dispatcher: Dispatcher, out, count: int) -> int:
+    """Run ``count`` topic deletions, ``(topic, fence, token)`` each, answered on ``out`` with
+    ``(DELETED, token, None)`` or the error text; returns how many it got (the rest, not yet
+    through the queue, are run by a later pass)."""
+    done = 0
+    while done < count:
+        try:
+            topic, fence, token = commands.get(timeout=COMMAND_GET_TIMEOUT_S)
         except queue_mod.Empty:
-            return
+            return done
+        done += 1
         try:
             dispatcher.drop_topic(topic, fence)
             error = None
         except Exception as exc:  # answer it: the store process must not wait for ever
             log.exception("deleting the consume queues of %s failed", topic)
             error = f"{type(exc).__name__}: {exc}"
-        out.put((DELETED, token, error))
+        _report(out, (DELETED, token, error))
+    return done
 
 
-def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, committed, wake, stop,
+def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, committed, wake, control,
                     out, log_level: int, parent_pid: int, commands=None) -> None:
+    """The process's loop. ``wake`` is the read end of the wake-up pipe (a Connection), ``control``
+    the shared words indexed by STOP and COMMANDS, ``out`` the write end of the progress pipe:
+    progress reports, deletion acknowledgements and a final None."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [dispatch] %(name)s: %(message)s")
     # a dispatcher outliving a killed store process would go on writing consume-queue and index
     # files under the next broker's recovery, and its last sync would write index headers from its
@@ -74,16 +127,17 @@ def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, 
     dispatcher.add_listener(lambda topic, qid, nxt: grown.__setitem__((topic, qid), nxt))
     last_sync = time.monotonic()
     commitlog: CommitLog | None = None  # listed again only when the committed end passes its last file
+    waiter = WakeWaiter(wake.fileno())
+    commands_done = 0
     log.info("dispatching %s from commitlog offset %d", store_dir, start_offset)
     try:
         while True:
-            wake.wait(IDLE_WAIT_S)
-            wake.clear()
+            waiter.wait(IDLE_WAIT_S)
             if os.getppid() != parent_pid:
                 log.error("the store process %d is gone; exiting without writing anything more", parent_pid)
                 os._exit(1)
-            if commands is not None:
-                _run_commands(commands, dispatcher, out)
+            if commands is not None and control[COMMANDS] != commands_done:
+                commands_done += _run_commands(commands, dispatcher, out, control[COMMANDS] - commands_done)
             end = committed.value
             if end > dispatcher.next_offset:
                 if commitlog is None or not commitlog.segments or \
@@ -96,17 +150,17 @@ def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, 
                 dispatcher.next_offset = max(dispatcher.next_offset, end)
                 report = [(t, q, nxt, registry.get(t, q).max_phy_end) for (t, q), nxt in grown.items()]
                 grown.clear()
-                out.put((report, dispatcher.last_store_timestamp, dispatcher.next_offset))
+                _report(out, (report, dispatcher.last_store_timestamp, dispatcher.next_offset))
                 time.sleep(PASS_INTERVAL_S)
             if time.monotonic() - last_sync >= SYNC_INTERVAL_S:
                 dispatcher.sync()
                 last_sync = time.monotonic()
-            if stop.is_set() and dispatcher.next_offset >= committed.value:
+            if control[STOP] and dispatcher.next_offset >= committed.value:
                 break
     finally:
         dispatcher.sync()
         dispatcher.close()
-        out.put(None)  # done: everything up to the committed end is dispatched and synced
+        _report(out, None)  # done: everything up to the committed end is dispatched and synced
         log.info("dispatcher stopped at commitlog offset %d", dispatcher.next_offset)
 
 
@@ -122,15 +176,22 @@ class ExternalDispatcher:
         self.store = store
         start = store.dispatched_offset
         self._committed = ctx.Value("q", start, lock=False)
-        self._wake = ctx.Event()
-        self._stop = ctx.Event()
-        self._out = ctx.Queue()
+        # wake-ups and progress go through plain pipes: an mp.Event's set and an mp.Queue's put/get
+        # (a feeder thread, locks) cost both processes more per pass than the pass's report itself
+        wake_r, wake_w = ctx.Pipe(duplex=False)
+        self._wake = Waker(wake_w.fileno())
+        self._wake_conn = wake_w  # keeps the fd open
+        self._control = ctx.RawArray("q", 2)
+        self._out, out_w = ctx.Pipe(duplex=False)
+        self._out_poll = select.poll()
+        self._out_poll.register(self._out.fileno(), select.POLLIN)
         self._commands = ctx.Queue()
         self.process = ctx.Process(target=dispatcher_main, name="rocketlake-dispatch",
                                    args=(str(store.store_dir), store.settings, start, self._committed,
-                                         self._wake, self._stop, self._out, log_level, os.getpid(),
+                                         wake_r, self._control, out_w, log_level, os.getpid(),
                                          self._commands),
                                    daemon=False)
+        self._child_ends = [wake_r, out_w]  # the child's copies; ours close once it started
         self._reader = threading.Thread(target=self._read, name="dispatch-progress", daemon=True)
         self._done = threading.Event()
         self._lock = threading.Lock()  # puts finish on many threads: the published end never goes back
@@ -139,6 +200,9 @@ class ExternalDispatcher:
 
     def start(self) -> None:
         self.process.start()
+        for conn in self._child_ends:  # so the progress pipe reads EOF when the process is gone
+            conn.close()
+        self._child_ends = []
         self._reader.start()
         self.store.set_commit_listener(self.committed)
         self.store.set_topic_deleter(self.delete_topic)
@@ -153,8 +217,10 @@ class ExternalDispatcher:
         try:
             if self._done.is_set() or not self.process.is_alive():
                 raise RuntimeError("the dispatcher process is not running")
-            self._commands.put((topic, fence, token))
-            self._wake.set()
+            with self._lock:
+                self._commands.put((topic, fence, token))
+                self._control[COMMANDS] += 1
+            self._wake()
             if not ack[0].wait(timeout):
                 raise RuntimeError(f"the dispatcher process did not delete the queues of {topic} "
                                    f"within {timeout:g} s")
@@ -168,18 +234,22 @@ class ExternalDispatcher:
         with self._lock:
             if end > self._committed.value:
                 self._committed.value = end
-        self._wake.set()
+        self._wake()
 
     def _read(self) -> None:
         while True:
-            try:
-                item = self._out.get(timeout=1.0)
-            except queue_mod.Empty:
-                if not self.process.is_alive():
-                    log.error("dispatcher process exited with %s", self.process.exitcode)
-                    self._done.set()
-                    return
+            item = EOFError
+            if self._out_poll.poll(1000):
+                try:
+                    item = pickle.loads(self._out.recv_bytes())
+                except EOFError:
+                    pass
+            elif self.process.is_alive():
                 continue
+            if item is EOFError:
+                log.error("dispatcher process exited with %s", self.process.exitcode)
+                self._done.set()
+                return
             if item is None:
                 self._done.set()
                 return
@@ -198,8 +268,8 @@ class ExternalDispatcher:
 
     def stop(self, timeout: float = 60.0) -> None:
         """Let the dispatcher finish everything committed, sync, and exit."""
-        self._stop.set()
-        self._wake.set()
+        self._control[STOP] = 1
+        self._wake()
         self._done.wait(timeout)
         self.process.join(timeout)
         if self.process.is_alive():

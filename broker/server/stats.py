@@ -195,11 +195,24 @@ class BrokerStatsManager:
         item.times += times
 
     def on_puts(self, puts: Iterable[tuple[str, int, int]]) -> None:
-        """Stored sends, ``(topic, messages, bytes written)`` each: one send request per tuple."""
+        """Stored sends, ``(topic, messages, bytes written)`` each: one send request per tuple.
+        Summed per topic first, then counted once per topic: the store process calls this once per
+        stored group of sends, which are mostly to one or a few topics."""
+        per_topic: dict[str, list[int]] = {}  # topic -> [requests, messages, bytes]
+        for topic, nums, size in puts:
+            acc = per_topic.get(topic)
+            if acc is None:
+                per_topic[topic] = [1, nums, size]
+            else:
+                acc[0] += 1
+                acc[1] += nums
+                acc[2] += size
+        if not per_topic:
+            return
         with self._lock:
-            for topic, nums, size in puts:
-                self._add(TOPIC_PUT_NUMS, topic, nums, 1)
-                self._add(TOPIC_PUT_SIZE, topic, size, 1)
+            for topic, (requests, nums, size) in per_topic.items():
+                self._add(TOPIC_PUT_NUMS, topic, nums, requests)
+                self._add(TOPIC_PUT_SIZE, topic, size, requests)
                 self._add(BROKER_PUT_NUMS, self.cluster_name, nums, 0)
                 self.put_times_total += nums
                 self.put_size_total += size

@@ -41,6 +41,9 @@ from broker.store.record_scan import is_record_start, scan_records
 
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
+# QUEUEOFFSET and PHYSICALOFFSET are adjacent in the record: one pack writes both
+_QUEUE_AND_PHYSICAL_OFFSET = struct.Struct(">qq")
+assert POS_PHYSICAL_OFFSET == POS_QUEUE_OFFSET + 8
 
 log = logging.getLogger(__name__)
 
@@ -339,7 +342,7 @@ class EncodedAppend:
     physical_offset: int
     size: int
     queue_offset: int
-    data: bytearray
+    data: bytearray | None  # None when the caller asked for no copy (keep_bytes=False)
 
 
 class CommitLogWriter:
@@ -462,33 +465,41 @@ class CommitLogWriter:
             self._write_pending()
         return out
 
-    def append_encoded(self, data: bytes, topic: str, queue_id: int, store_timestamp: int) -> EncodedAppend:
+    def append_encoded(self, data: bytes, topic: str, queue_id: int, store_timestamp: int,
+                       keep_bytes: bool = True) -> EncodedAppend:
         """Append one record encoded elsewhere (a network process builds a plain send's record):
         only the fields the store owns are written into it here — QUEUEID (the queue the store
         chose), QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP — at the positions the record layout
         gives, so the bytes are exactly what :meth:`append_batch` would have written for the same
-        record. The record must not carry a 5.2+ property CRC (that covers these fields)."""
+        record. The record must not carry a 5.2+ property CRC (that covers these fields).
+        ``keep_bytes=False``: the result's ``data`` is None (a caller whose dispatch reads the file
+        back needs no copy of the record; the fields are then written straight into the buffer)."""
         size = len(data)
         if size + END_FILE_MIN_BLANK_LENGTH > self.segment_size:
             raise ValueError(f"{size} bytes of records cannot fit a {self.segment_size}-byte commitlog file")
         if size + END_FILE_MIN_BLANK_LENGTH > self.segment_size - self._pos:
             self._roll()
-        record = bytearray(data)
-        (sys_flag,) = _I32.unpack_from(record, POS_SYS_FLAG)
+        pending = self._pending
+        at = len(pending)
+        pending += data
+        try:
+            _I32.pack_into(pending, at + POS_QUEUE_ID, queue_id)
+            (sys_flag,) = _I32.unpack_from(pending, at + POS_SYS_FLAG)
+            _I64.pack_into(pending, at + store_timestamp_pos(sys_flag), store_timestamp)
+        except Exception:  # a field out of range: nothing appended
+            del pending[at:]
+            raise
         if is_queued(sys_flag):
             key = (topic, queue_id)
             queue_offset = self.queue_offsets.get(key, 0)
             self.queue_offsets[key] = queue_offset + 1
         else:
             queue_offset = 0
-        physical_offset = self.write_offset
-        _I32.pack_into(record, POS_QUEUE_ID, queue_id)
-        _I64.pack_into(record, POS_QUEUE_OFFSET, queue_offset)
-        _I64.pack_into(record, POS_PHYSICAL_OFFSET, physical_offset)
-        _I64.pack_into(record, store_timestamp_pos(sys_flag), store_timestamp)
-        self._pending += record
+        physical_offset = self._base + self._pos
+        _QUEUE_AND_PHYSICAL_OFFSET.pack_into(pending, at + POS_QUEUE_OFFSET, queue_offset, physical_offset)
+        record = pending[at:] if keep_bytes else None
         self._pos += size
-        if len(self._pending) >= self._buffer_bytes:
+        if len(pending) >= self._buffer_bytes:
             self._write_pending()
         return EncodedAppend(physical_offset, size, queue_offset, record)
 
