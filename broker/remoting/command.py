@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.remoting.codes import DEFAULT_VERSION, LanguageCode, ResponseCode
-from broker.remoting.json_header import dumps_sorted, fast_loads
+from broker.remoting.json_header import dumps_sorted, fast_loads, loads_flat_header
 
 RESPONSE_FLAG = 0x1  # bit 0: this command is a response
 ONEWAY_FLAG = 0x2  # bit 1: the sender does not want an answer
@@ -234,6 +234,9 @@ class RemotingCommand:
         header = payload[4:4 + header_length]
         body = payload[4 + header_length:]
         if serialize_type == SERIALIZE_JSON:
+            cmd = _flat_json_command(header, body)
+            if cmd is not None:
+                return cmd
             cmd = _decode_json_header(header)
         elif serialize_type == SERIALIZE_ROCKETMQ:
             cmd = _decode_binary_header(header)
@@ -329,6 +332,32 @@ def _reject_constant(name: str) -> Any:
     """``NaN``/``Infinity``/``-Infinity`` are not JSON (Python's parser accepts them; Java's clients never
     write them), so a header holding one is malformed, not a number."""
     raise ValueError(f"{name} is not a JSON value")
+
+
+def _flat_json_command(raw: bytes, body: bytes) -> RemotingCommand | None:
+    """What ``_decode_json_header`` gives for a flat header (:func:`loads_flat_header`) whose
+    numbers fit their fields and whose language and remark are text: the command built without
+    the general path's per-field coercions (one per received frame). None: not that header, and the
+    general path decides, errors included."""
+    header = loads_flat_header(raw)
+    if header is None:
+        return None
+    get = header.get
+    code, opaque, flag, version = get("code"), get("opaque", 0), get("flag", 0), get("version", 0)
+    language, remark, ext = get("language", "UNKNOWN"), get("remark"), get("extFields")
+    if type(code) is not int or type(opaque) is not int or type(flag) is not int or type(version) is not int \
+            or not (_INT32_MIN <= code <= _INT32_MAX and _INT32_MIN <= opaque <= _INT32_MAX
+                    and _INT32_MIN <= flag <= _INT32_MAX and _INT32_MIN <= version <= _INT32_MAX):
+        return None
+    if language is None:
+        language = "UNKNOWN"
+    elif type(language) is not str or type(remark) is int:
+        return None
+    if ext is None:
+        ext = {}
+    elif type(ext) is not dict:  # flat: a dict is a fresh one of str values, which normalise_ext would copy
+        return None
+    return RemotingCommand(code, opaque, flag, remark, ext, body, language, version, SERIALIZE_JSON)
 
 
 def _decode_json_header(raw: bytes) -> RemotingCommand:
