@@ -316,3 +316,17 @@ def test_flat_header_decode_equals_the_general_path(seed):
                                  b'{"code":1,"a":"\\ud800"}', b'{"code":1}x'])
 def test_flat_header_decode_declines(raw):
     assert _flat_json_command(raw, b"") is None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_plain_reply_frames_equal_the_command_path(seed):
+    """Replies without remark or body and with str extFields (what answers a send) are put
+    together around orjson's text of the map: the bytes are the command path's."""
+    rng = random.Random(seed)
+    request = RemotingCommand.request(310, {"a": "b"}, b"x")
+    for _ in range(200):
+        ext = {_random_text(rng): _random_text(rng) for _ in range(rng.randrange(0, 6))}
+        code = rng.choice([0, 1, 10, 14, 2**31 - 1, -1])
+        request.opaque = rng.choice([0, 1, 2**31 - 1, -5])
+        want = _outcome(lambda: _generic_answer(request, code, None, ext, b""))
+        assert _outcome(lambda: response_frame(request.opaque, code, None, ext, b"")) == want

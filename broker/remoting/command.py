@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from broker.remoting.codes import DEFAULT_VERSION, LanguageCode, ResponseCode
 from broker.remoting.json_header import dumps_sorted, fast_loads, loads_flat_header
 
@@ -296,8 +298,34 @@ def response_frame(opaque: int, code: int, remark: str | None = None, ext: Mappi
     """The bytes of ``request.response(code, remark, ext, body).encode()`` for a request of that
     ``opaque``, without building the command (a network process answers every send with one).
     Raises ProtocolError as ``encode`` does."""
+    if remark is None and not body and type(ext) is dict:
+        header = _plain_reply_header(int(code), int(opaque), ext)
+        if header is not None and len(header) <= _HEADER_LENGTH_MASK:
+            return b"".join((_LENGTH.pack(4 + len(header)), _LENGTH.pack(len(header)), header))
     header = _header_json(code, opaque, RESPONSE_FLAG, remark, ext, LANGUAGE, DEFAULT_VERSION)
     return _frame(SERIALIZE_JSON, _encode_json_header(header), bytes(body))
+
+
+# a reply's JSON header around its code, extFields and opaque: the keys _header_json writes, in
+# sorted order, for a reply without remark
+_REPLY_HEAD = b'{"code":'
+_REPLY_EXT = b',"extFields":'
+_REPLY_OPAQUE = (',"flag":%d,"language":%s,"opaque":' % (RESPONSE_FLAG, json.dumps(LANGUAGE))).encode()
+_REPLY_TAIL = (',"serializeTypeCurrentRPC":"JSON","version":%d}' % DEFAULT_VERSION).encode()
+
+
+def _plain_reply_header(code: int, opaque: int, ext: dict) -> bytes | None:
+    """The JSON header of a reply without remark whose extFields map str to str (a SEND_OK), put
+    together around orjson's text of the map — the bytes ``_encode_json_header`` writes for it
+    (sorted keys, compact; tested equal); None for anything else (lone surrogates included)."""
+    for key, value in ext.items():
+        if type(key) is not str or type(value) is not str:
+            return None
+    try:
+        text = orjson.dumps(ext, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        return None
+    return b"".join((_REPLY_HEAD, b"%d" % code, _REPLY_EXT, text, _REPLY_OPAQUE, b"%d" % opaque, _REPLY_TAIL))
 
 
 def _to_signed(value: int, bits: int) -> int:
