@@ -267,3 +267,66 @@ def test_huge_topic_names_are_not_cached():
     assert topic_name_refusal("t" * 100_000) == "The specified topic is longer than topic max length."
     assert topic_name_refusal("a b" * 100_000).startswith("The specified topic contains illegal characters")
     assert _cached_topic_name_refusal.cache_info().currsize == before
+
+
+# ---- the flat-header decode ------------------------------------------------------------------------
+from broker.remoting.command import _decode_json_header, _flat_json_command  # noqa: E402
+
+_HEADER_VALUES = {
+    "code": [310, 0, -1, 2**31 - 1, 2**31, -2**31 - 1, "310", True, None, 1.5, 2**64],
+    "opaque": [7, 0, -5, 2**31, "7", None, False],
+    "flag": [0, 1, 2, 3, "0", None, 2**40],
+    "version": [401, 0, "401", None, -1],
+    "language": ["JAVA", "CPP", "", 12, 0, None, True, ["x"]],
+    "remark": [None, "", "boom", "主题\u2028", 5, 1.5, False, {"a": "b"}],
+    "extFields": [None, {}, {"a": "PG", "b": "BenchTopic", "i": "WAIT\x01true"}, {"a": 1}, {"a": True},
+                  {"a": None}, {"a": [1]}, {"a": {"b": "c"}}, {"a": 1.5}, "text", 3, [], {"é": "ü"}],
+    "serializeTypeCurrentRPC": ["JSON", None, 0, True, 2.5],
+    "other": [None, "x", 1, 2**70, [1, "a"], {"k": 1}],
+}
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_flat_header_decode_equals_the_general_path(seed):
+    """Whenever the flat path takes a header, it gives the command the general path gives."""
+    rng = random.Random(seed)
+    taken = 0
+    for i in range(400):
+        header = {}
+        for key, choices in _HEADER_VALUES.items():
+            if rng.random() < 0.9:
+                header[key] = choices[0] if i % 3 == 0 else rng.choice(choices)
+        raw = _std_dumps(header)
+        got = _flat_json_command(raw, b"body")
+        if got is None:
+            continue
+        taken += 1
+        want = _decode_json_header(raw)
+        want.body = b"body"
+        assert got == want, header
+        assert got.language == want.language and got.ext_fields == want.ext_fields
+        assert list(got.ext_fields) == list(want.ext_fields)
+    assert taken >= 100
+
+
+@pytest.mark.parametrize("raw", [b'{"code":1,"extFields":"x"}', b'{"code":true}', b'{"code":1,"language":5}',
+                                 b'{"code":1,"remark":5}', b'{"code":1,"x":1.5}', b'{"code":1,"x":[1]}',
+                                 b'{"code":1,"extFields":{"a":1}}', b'{"code":1,"extFields":{"a":{"b":"c"}}}',
+                                 b'{"code":1,"opaque":null}', b'{"code":18446744073709551616}', b'[1]', b'"x"',
+                                 b'{"code":1,"a":"\\ud800"}', b'{"code":1}x'])
+def test_flat_header_decode_declines(raw):
+    assert _flat_json_command(raw, b"") is None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_plain_reply_frames_equal_the_command_path(seed):
+    """Replies without remark or body and with str extFields (what answers a send) are put
+    together around orjson's text of the map: the bytes are the command path's."""
+    rng = random.Random(seed)
+    request = RemotingCommand.request(310, {"a": "b"}, b"x")
+    for _ in range(200):
+        ext = {_random_text(rng): _random_text(rng) for _ in range(rng.randrange(0, 6))}
+        code = rng.choice([0, 1, 10, 14, 2**31 - 1, -1])
+        request.opaque = rng.choice([0, 1, 2**31 - 1, -5])
+        want = _outcome(lambda: _generic_answer(request, code, None, ext, b""))
+        assert _outcome(lambda: response_frame(request.opaque, code, None, ext, b"")) == want

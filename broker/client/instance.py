@@ -108,8 +108,21 @@ class ClientInstance:
 
     # ---- requests ----------------------------------------------------------------------------------
     def invoke_future(self, addr: str, cmd: RemotingCommand, timeout: float | None = None) -> Future:
-        return asyncio.run_coroutine_threadsafe(
-            self._remoting.invoke(cmd, timeout or self.timeout, addr=addr), self._loop)
+        """The response to ``cmd`` as a Future, from any thread. Handed to the loop thread as one
+        callback (no coroutine, task or asyncio future per request over an open connection: a
+        producer's synchronous send costs a fraction of what it did)."""
+        out: Future = Future()
+
+        def settle(outcome: RemotingCommand | BaseException) -> None:
+            if out.done():  # cancelled by its caller: nobody wants the outcome
+                return
+            if isinstance(outcome, BaseException):
+                out.set_exception(outcome)
+            else:
+                out.set_result(outcome)
+
+        self._loop.call_soon_threadsafe(self._remoting.invoke_soon, addr, cmd, timeout or self.timeout, settle)
+        return out
 
     def invoke(self, addr: str, cmd: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
         return self.invoke_future(addr, cmd, timeout).result((timeout or self.timeout) + 5)

@@ -29,8 +29,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from broker.remoting.codes import DEFAULT_VERSION, LanguageCode, ResponseCode
-from broker.remoting.json_header import dumps_sorted, fast_loads
+from broker.remoting.json_header import dumps_sorted, fast_loads, loads_flat_header
 
 RESPONSE_FLAG = 0x1  # bit 0: this command is a response
 ONEWAY_FLAG = 0x2  # bit 1: the sender does not want an answer
@@ -234,6 +236,9 @@ class RemotingCommand:
         header = payload[4:4 + header_length]
         body = payload[4 + header_length:]
         if serialize_type == SERIALIZE_JSON:
+            cmd = _flat_json_command(header, body)
+            if cmd is not None:
+                return cmd
             cmd = _decode_json_header(header)
         elif serialize_type == SERIALIZE_ROCKETMQ:
             cmd = _decode_binary_header(header)
@@ -293,8 +298,34 @@ def response_frame(opaque: int, code: int, remark: str | None = None, ext: Mappi
     """The bytes of ``request.response(code, remark, ext, body).encode()`` for a request of that
     ``opaque``, without building the command (a network process answers every send with one).
     Raises ProtocolError as ``encode`` does."""
+    if remark is None and not body and type(ext) is dict:
+        header = _plain_reply_header(int(code), int(opaque), ext)
+        if header is not None and len(header) <= _HEADER_LENGTH_MASK:
+            return b"".join((_LENGTH.pack(4 + len(header)), _LENGTH.pack(len(header)), header))
     header = _header_json(code, opaque, RESPONSE_FLAG, remark, ext, LANGUAGE, DEFAULT_VERSION)
     return _frame(SERIALIZE_JSON, _encode_json_header(header), bytes(body))
+
+
+# a reply's JSON header around its code, extFields and opaque: the keys _header_json writes, in
+# sorted order, for a reply without remark
+_REPLY_HEAD = b'{"code":'
+_REPLY_EXT = b',"extFields":'
+_REPLY_OPAQUE = (',"flag":%d,"language":%s,"opaque":' % (RESPONSE_FLAG, json.dumps(LANGUAGE))).encode()
+_REPLY_TAIL = (',"serializeTypeCurrentRPC":"JSON","version":%d}' % DEFAULT_VERSION).encode()
+
+
+def _plain_reply_header(code: int, opaque: int, ext: dict) -> bytes | None:
+    """The JSON header of a reply without remark whose extFields map str to str (a SEND_OK), put
+    together around orjson's text of the map — the bytes ``_encode_json_header`` writes for it
+    (sorted keys, compact; tested equal); None for anything else (lone surrogates included)."""
+    for key, value in ext.items():
+        if type(key) is not str or type(value) is not str:
+            return None
+    try:
+        text = orjson.dumps(ext, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        return None
+    return b"".join((_REPLY_HEAD, b"%d" % code, _REPLY_EXT, text, _REPLY_OPAQUE, b"%d" % opaque, _REPLY_TAIL))
 
 
 def _to_signed(value: int, bits: int) -> int:
@@ -329,6 +360,32 @@ def _reject_constant(name: str) -> Any:
     """``NaN``/``Infinity``/``-Infinity`` are not JSON (Python's parser accepts them; Java's clients never
     write them), so a header holding one is malformed, not a number."""
     raise ValueError(f"{name} is not a JSON value")
+
+
+def _flat_json_command(raw: bytes, body: bytes) -> RemotingCommand | None:
+    """What ``_decode_json_header`` gives for a flat header (:func:`loads_flat_header`) whose
+    numbers fit their fields and whose language and remark are text: the command built without
+    the general path's per-field coercions (one per received frame). None: not that header, and the
+    general path decides, errors included."""
+    header = loads_flat_header(raw)
+    if header is None:
+        return None
+    get = header.get
+    code, opaque, flag, version = get("code"), get("opaque", 0), get("flag", 0), get("version", 0)
+    language, remark, ext = get("language", "UNKNOWN"), get("remark"), get("extFields")
+    if type(code) is not int or type(opaque) is not int or type(flag) is not int or type(version) is not int \
+            or not (_INT32_MIN <= code <= _INT32_MAX and _INT32_MIN <= opaque <= _INT32_MAX
+                    and _INT32_MIN <= flag <= _INT32_MAX and _INT32_MIN <= version <= _INT32_MAX):
+        return None
+    if language is None:
+        language = "UNKNOWN"
+    elif type(language) is not str or type(remark) is int:
+        return None
+    if ext is None:
+        ext = {}
+    elif type(ext) is not dict:  # flat: a dict is a fresh one of str values, which normalise_ext would copy
+        return None
+    return RemotingCommand(code, opaque, flag, remark, ext, body, language, version, SERIALIZE_JSON)
 
 
 def _decode_json_header(raw: bytes) -> RemotingCommand:

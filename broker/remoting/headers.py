@@ -129,14 +129,11 @@ class RequestHeader:
 
     def _emit(self, name_key: str) -> dict[str, str]:
         result: dict[str, str] = {}
-        for spec in fields(self):  # type: ignore[arg-type]
-            meta = spec.metadata
-            if not meta:
-                continue
-            value = getattr(self, spec.name)
+        for name, wire, _, _ in self._wire_fields(name_key):  # derived once: a producer emits one per send
+            value = getattr(self, name)
             if value is None:
                 continue  # Java leaves null fields out of extFields
-            result[meta[name_key] or meta["wire"]] = _to_text(value)
+            result[wire] = _to_text(value)
         return result
 
     def to_ext(self) -> dict[str, str]:

@@ -27,6 +27,10 @@ from dataclasses import dataclass
 from broker.remoting.codes import RequestCode
 from broker.remoting.headers import SendMessageRequestHeader
 from broker.store.constants import (
+    MESSAGE_MAGIC_CODE_V1,
+    MESSAGE_MAGIC_CODE_V2,
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_SEPARATOR,
     MAX_PROPERTIES_LENGTH,
     MAX_TOPIC_LENGTH,
     PROPERTY_CLUSTER,
@@ -38,7 +42,7 @@ from broker.store.constants import (
     TOPIC_NAME_PATTERN,
 )
 from broker.store.hosts import Host
-from broker.store.message import MessageRecord
+from broker.store.message import encode_record
 from broker.store.message_id import UniqKeyGenerator
 from broker.store.properties import decode_properties, encode_properties
 from broker.store.topics import (
@@ -149,50 +153,80 @@ class SendDraft:
                            self.uniq_key, self.body_size, self.data, self.peer, self.channel, self.wait)
 
 
-# the wire names of SendMessageRequestHeader's fields, long (SEND_MESSAGE) and V2 letters, from its declaration
-_WIRE = {v2: {name: wire for name, wire, _, _ in SendMessageRequestHeader._wire_fields("v2" if v2 else "wire")}
+# SendMessageRequestHeader's fields in declaration order, and their wire names: long (SEND_MESSAGE)
+# and V2 letters, from its declaration
+_FIELDS = tuple(name for name, _, _, _ in SendMessageRequestHeader._wire_fields("wire"))
+_WIRE = {v2: tuple(wire for _, wire, _, _ in SendMessageRequestHeader._wire_fields("v2" if v2 else "wire"))
          for v2 in (False, True)}
-_INT_FIELDS = ("default_topic_queue_nums", "queue_id", "sys_flag", "flag", "reconsume_times", "max_reconsume_times")
+assert _FIELDS == ("producer_group", "topic", "default_topic", "default_topic_queue_nums", "queue_id", "sys_flag",
+                   "born_timestamp", "flag", "properties", "reconsume_times", "unit_mode", "max_reconsume_times",
+                   "batch", "broker_name"), "the straight-line parse below follows this order"
+
+_FLAGS = {None: None, "false": False, "true": True}  # what the straight-line parse takes of a bool field
 
 
-def _plain_send_header(ext: dict[str, str], v2: bool) -> SendMessageRequestHeader | None:
-    """``SendMessageRequestHeader.from_ext(ext, v2=v2)`` for the header every producer sends —
-    str values, unsigned decimal numbers short enough to fit their type, ``true``/``false`` flags —
-    as straight-line code; None for anything else (the generic parser then decides, errors included)."""
-    w = _WIRE[v2]
-    group, topic, default_topic = ext.get(w["producer_group"]), ext.get(w["topic"]), ext.get(w["default_topic"])
-    properties, broker_name = ext.get(w["properties"]), ext.get(w["broker_name"])
+def _uint(raw: object) -> int:
+    """A decimal number short enough for an int field (at most 9 digits), else -1."""
+    if type(raw) is str and raw.isdigit() and raw.isascii() and len(raw) <= 9:
+        return int(raw)
+    return -1
+
+
+def _plain_send_fields(ext: dict[str, str], v2: bool) -> tuple | None:
+    """The values of ``SendMessageRequestHeader.from_ext(ext, v2=v2)``, in its field order, for the
+    header every producer sends — str values, unsigned decimal numbers short enough to fit their
+    type, ``true``/``false`` flags — as straight-line code; None for anything else (the generic
+    parser then decides, errors included). A tuple, not a header object: it runs once per send."""
+    (k_group, k_topic, k_default, k_nums, k_queue, k_sys, k_born, k_flag, k_props, k_reconsume, k_unit, k_max,
+     k_batch, k_broker) = _WIRE[v2]
+    get = ext.get
+    group, topic, default_topic = get(k_group), get(k_topic), get(k_default)
+    properties, broker_name = get(k_props), get(k_broker)
     if type(group) is not str or type(topic) is not str or type(default_topic) is not str \
             or (properties is not None and type(properties) is not str) \
             or (broker_name is not None and type(broker_name) is not str):
         return None
-    ints: dict[str, int | None] = {}
-    for name in _INT_FIELDS:
-        raw = ext.get(w[name])
-        if raw is None and name in ("reconsume_times", "max_reconsume_times"):
-            ints[name] = None
-        elif type(raw) is str and 0 < len(raw) <= 9 and raw.isdigit() and raw.isascii():  # fits an int
-            ints[name] = int(raw)
-        else:
-            return None
-    born = ext.get(w["born_timestamp"])
-    if not (type(born) is str and 0 < len(born) <= 18 and born.isdigit() and born.isascii()):  # fits a long
+    nums, queue_id, sys_flag, flag = _uint(get(k_nums)), _uint(get(k_queue)), _uint(get(k_sys)), _uint(get(k_flag))
+    if nums < 0 or queue_id < 0 or sys_flag < 0 or flag < 0:
         return None
-    flags: dict[str, bool | None] = {}
-    for name in ("unit_mode", "batch"):
-        raw = ext.get(w[name])
-        if raw is None or raw == "false":
-            flags[name] = None if raw is None else False
-        elif raw == "true":
-            flags[name] = True
-        else:
-            return None
-    return SendMessageRequestHeader(
-        producer_group=group, topic=topic, default_topic=default_topic,
-        default_topic_queue_nums=ints["default_topic_queue_nums"], queue_id=ints["queue_id"],
-        sys_flag=ints["sys_flag"], born_timestamp=int(born), flag=ints["flag"], properties=properties,
-        reconsume_times=ints["reconsume_times"], unit_mode=flags["unit_mode"],
-        max_reconsume_times=ints["max_reconsume_times"], batch=flags["batch"], broker_name=broker_name)
+    raw = get(k_reconsume)
+    reconsume = None if raw is None else _uint(raw)
+    raw = get(k_max)
+    max_reconsume = None if raw is None else _uint(raw)
+    if reconsume == -1 or max_reconsume == -1:
+        return None
+    born = get(k_born)
+    if not (type(born) is str and born.isdigit() and born.isascii() and len(born) <= 18):  # fits a long
+        return None
+    try:
+        unit, batch = _FLAGS[get(k_unit)], _FLAGS[get(k_batch)]
+    except (KeyError, TypeError):  # any other text (or value) of a flag
+        return None
+    return (group, topic, default_topic, nums, queue_id, sys_flag, int(born), flag, properties, reconsume, unit,
+            max_reconsume, batch, broker_name)
+
+
+def _plain_send_header(ext: dict[str, str], v2: bool) -> SendMessageRequestHeader | None:
+    """``SendMessageRequestHeader.from_ext(ext, v2=v2)`` for the header every producer sends, None
+    for anything else (:func:`_plain_send_fields` as a header object)."""
+    values = _plain_send_fields(ext, v2)
+    return None if values is None else SendMessageRequestHeader(**dict(zip(_FIELDS, values)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _draftable_topic(topic: str) -> tuple[bytes, int] | None:
+    """``(UTF-8 name, magic code)`` of a topic a plain send may be drafted for; None when the
+    name is refused, a retry topic or one no client may write (the full way answers those).
+    Cached with :func:`topic_name_refusal`'s bound: every send asks, and a broker sees few topics."""
+    if topic_name_refusal(topic) is not None or is_retry_topic(topic) or topic in NOT_ALLOWED_SEND_TOPICS:
+        return None
+    name = topic.encode("utf-8")
+    return name, MESSAGE_MAGIC_CODE_V2 if len(name) > 127 else MESSAGE_MAGIC_CODE_V1
+
+
+def _join_properties(props: dict[str, str]) -> str:
+    """``encode_properties(props)`` for a map whose values are all str (decoded, or set here)."""
+    return PROPERTY_SEPARATOR.join(map(NAME_VALUE_SEPARATOR.join, props.items()))
 
 
 class SendDrafter:
@@ -206,33 +240,41 @@ class SendDrafter:
 
     def draft(self, code: int, ext: dict[str, str], body: bytes, peer: str, channel: object) -> SendDraft | None:
         """The draft of a plain send, or None: the request goes the full way (not plain, or refused)."""
-        if code not in DRAFTED_CODES:
+        if code == RequestCode.SEND_MESSAGE_V2:
+            v2 = True
+        elif code == RequestCode.SEND_MESSAGE:
+            v2 = False
+        else:
             return None
-        v2 = code == RequestCode.SEND_MESSAGE_V2
-        h = _plain_send_header(ext, v2)
+        h = _plain_send_fields(ext, v2)
         if h is None:
             try:
-                h = SendMessageRequestHeader.from_ext(ext, v2=v2)
+                parsed = SendMessageRequestHeader.from_ext(ext, v2=v2)
             except Exception:  # the full way answers it, with the usual remark
                 return None
-        if topic_name_refusal(h.topic) is not None:
+            h = tuple(getattr(parsed, name) for name in _FIELDS)
+        (_, topic, default_topic, nums, queue_id, sys_flag, born_timestamp, flag, properties, reconsume_times, _, _,
+         batch, _) = h
+        if len(topic) > RETRY_TOPIC_MAX_LENGTH:  # refused: not cached (see topic_name_refusal)
             return None
-        if h.batch or is_retry_topic(h.topic) or h.topic in NOT_ALLOWED_SEND_TOPICS \
-                or len(body) > self.max_message_size:
+        drafted_topic = _draftable_topic(topic)
+        if drafted_topic is None or batch or len(body) > self.max_message_size:
             return None
-        props = decode_properties(h.properties or "")
+        props = decode_properties(properties or "")
         if PROPERTY_DELAY in props or PROPERTY_CRC32 in props or PROPERTY_TRAN_MSG in props:
             return None
         wait = waits_for_store(props)
-        raw = send_properties(props, self._uniq, self.cluster_name)
-        if properties_too_long(raw):
-            return None
-        record = MessageRecord(topic=h.topic, body=body, properties_raw=raw, flag=h.flag, sys_flag=h.sys_flag,
-                               born_timestamp=h.born_timestamp, born_host=peer_host(peer),
-                               store_host=self.store_host, reconsume_times=h.reconsume_times or 0)
+        # send_properties, with the map joined directly (every value is a str here)
+        props.pop(PROPERTY_WAIT, None)
+        uniq_key = props.get(PROPERTY_UNIQ_KEY)
+        if uniq_key is None:
+            uniq_key = props[PROPERTY_UNIQ_KEY] = self._uniq.next()
+        props[PROPERTY_CLUSTER] = self.cluster_name
         try:
-            data = record.encode()
-        except ValueError:
+            raw = _join_properties(props).encode("utf-8")
+            data = encode_record(drafted_topic[0], body, raw, 0, flag, 0, 0, sys_flag, born_timestamp,
+                                 peer_host(peer), 0, self.store_host, reconsume_times or 0, 0, None,
+                                 drafted_topic[1])
+        except ValueError:  # properties over the limit, text that is not UTF-8: the full way refuses it
             return None
-        return SendDraft(code, h.topic, h.queue_id, h.default_topic, h.default_topic_queue_nums,
-                         props[PROPERTY_UNIQ_KEY], len(body), data, peer, channel, wait)
+        return SendDraft(code, topic, queue_id, default_topic, nums, uniq_key, len(body), data, peer, channel, wait)

@@ -46,6 +46,9 @@ from broker.store import topics
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _BLANK = struct.Struct(">ii")
+_I64 = struct.Struct(">q")
+_I8 = struct.Struct(">b")
+_TAIL_BODY = struct.Struct(_TAIL.format + "i")  # reconsume times, prepared offset, body length
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,41 +158,10 @@ class MessageRecord:
     # ---- codec --------------------------------------------------------------------------------------
     def encode(self) -> bytes:
         """The record's bytes exactly as Apache's store writes them."""
-        # each derived value computed once here (the properties above re-encode on every use; a
-        # network process encodes every plain send it drafts)
-        topic = self.topic.encode("utf-8")
-        props = self.properties_raw.encode("utf-8")
-        magic = self.magic_code
-        if magic is None:
-            magic = MESSAGE_MAGIC_CODE_V2 if len(topic) > 127 else MESSAGE_MAGIC_CODE_V1
-        v2 = magic == MESSAGE_MAGIC_CODE_V2
-        born_v6, store_v6 = self.born_host.is_ipv6, self.store_host.is_ipv6
-        if len(topic) > (32767 if v2 else 127):
-            raise ValueError(f"topic of {len(topic)} bytes does not fit a {'V2' if v2 else 'V1'} record")
-        if len(props) > MAX_PROPERTIES_LENGTH:
-            raise ValueError(f"properties of {len(props)} bytes exceed {MAX_PROPERTIES_LENGTH}")
-        sys_flag = self.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)
-        if born_v6:
-            sys_flag |= BORNHOST_V6_FLAG
-        if store_v6:
-            sys_flag |= STOREHOSTADDRESS_V6_FLAG
-        total_size = record_size(len(self.body), len(topic), len(props), born_v6, store_v6, v2)
-        crc = body_crc(self.body) if self.body_crc is None else self.body_crc
-        parts = [
-            _HEAD.pack(total_size, signed32(magic), crc, self.queue_id,
-                       self.flag, self.queue_offset, self.physical_offset, sys_flag, self.born_timestamp),
-            self.born_host.encode(),
-            struct.pack(">q", self.store_timestamp),
-            self.store_host.encode(),
-            _TAIL.pack(self.reconsume_times, self.prepared_transaction_offset),
-            _I32.pack(len(self.body)),
-            self.body,
-            _I16.pack(len(topic)) if v2 else struct.pack(">b", len(topic)),
-            topic,
-            _I16.pack(len(props)),
-            props,
-        ]
-        return b"".join(parts)
+        return encode_record(self.topic.encode("utf-8"), self.body, self.properties_raw.encode("utf-8"),
+                             self.queue_id, self.flag, self.queue_offset, self.physical_offset, self.sys_flag,
+                             self.born_timestamp, self.born_host, self.store_timestamp, self.store_host,
+                             self.reconsume_times, self.prepared_transaction_offset, self.body_crc, self.magic_code)
 
     def with_position(self, physical_offset: int, queue_offset: int, store_timestamp: int) -> "MessageRecord":
         """A copy placed in the log (the fields the store fills in under its append lock)."""
@@ -213,6 +185,43 @@ class MessageRecord:
         value = crc32(draft[: len(draft) - CRC32_RESERVED_LENGTH]) & 0x7FFFFFFF
         digits = str(value)[::-1].ljust(10, "0")
         return replace(self, properties_raw=raw + PROPERTY_CRC32 + NAME_VALUE_SEPARATOR + digits + PROPERTY_SEPARATOR)
+
+
+def encode_record(topic: bytes, body: bytes, props: bytes, queue_id: int, flag: int, queue_offset: int,
+                  physical_offset: int, sys_flag: int, born_timestamp: int, born_host: Host, store_timestamp: int,
+                  store_host: Host, reconsume_times: int, prepared_transaction_offset: int,
+                  crc: int | None = None, magic: int | None = None) -> bytes:
+    """A record's bytes from its fields (topic and properties already UTF-8): what
+    :meth:`MessageRecord.encode` writes. A function of plain values because a network process
+    encodes every plain send it drafts, and building a frozen record object first cost it more
+    than the encoding itself. ``crc`` None: computed from ``body``; ``magic`` None: V1 unless the
+    topic needs V2. Raises ValueError for a topic or properties that do not fit."""
+    if magic is None:
+        magic = MESSAGE_MAGIC_CODE_V2 if len(topic) > 127 else MESSAGE_MAGIC_CODE_V1
+    v2 = magic == MESSAGE_MAGIC_CODE_V2
+    born_v6, store_v6 = len(born_host.address) == 16, len(store_host.address) == 16
+    if len(topic) > (32767 if v2 else 127):
+        raise ValueError(f"topic of {len(topic)} bytes does not fit a {'V2' if v2 else 'V1'} record")
+    if len(props) > MAX_PROPERTIES_LENGTH:
+        raise ValueError(f"properties of {len(props)} bytes exceed {MAX_PROPERTIES_LENGTH}")
+    sys_flag &= ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)
+    if born_v6:
+        sys_flag |= BORNHOST_V6_FLAG
+    if store_v6:
+        sys_flag |= STOREHOSTADDRESS_V6_FLAG
+    total_size = record_size(len(body), len(topic), len(props), born_v6, store_v6, v2)
+    return b"".join((
+        _HEAD.pack(total_size, signed32(magic), body_crc(body) if crc is None else crc, queue_id, flag,
+                   queue_offset, physical_offset, sys_flag, born_timestamp),
+        born_host.address, _I32.pack(born_host.port), _I64.pack(store_timestamp),
+        store_host.address, _I32.pack(store_host.port),
+        _TAIL_BODY.pack(reconsume_times, prepared_transaction_offset, len(body)),
+        body,
+        _I16.pack(len(topic)) if v2 else _I8.pack(len(topic)),
+        topic,
+        _I16.pack(len(props)),
+        props,
+    ))
 
 
 def property_crc_value(digits: str) -> int:

@@ -82,9 +82,9 @@ class UniqKeyGenerator:
             counter = self._counter
             self._counter = (counter + 1) & 0xFFFF
         # Java writes (int) (now - startTime): past ~24.8 days into a month the difference no longer
-        # fits a signed int and wraps; the same four bytes, packed unsigned
-        tail = struct.pack(">IH", (now_ms - base) & 0xFFFFFFFF, counter)
-        return self._prefix + tail.hex().upper()
+        # fits a signed int and wraps; the same four bytes, as unsigned hex. Formatted directly
+        # (the hex of ``struct.pack(">IH", …)``): a network process makes one per drafted send
+        return "%s%08X%04X" % (self._prefix, (now_ms - base) & 0xFFFFFFFF, counter)
 
 
 def _local_ip() -> bytes:
