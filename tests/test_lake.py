@@ -224,6 +224,24 @@ def test_dictionaries_only_on_repeated_strings(tmp_path):
     assert dictionary == {"topic": True, "msg_id": False, "props.key_value.key": True,
                           "props.key_value.value": False, "keys.list.element": False, "n": False}
     assert pq.read_table(tmp_path / "t" / info.path).equals(sample)
+    stats = {meta.column(i).path_in_schema: meta.column(i).is_stats_set for i in range(meta.num_columns)}
+    # statistics only where the Delta log takes them from the footer (not the nested columns)
+    assert stats == {"topic": True, "msg_id": True, "props.key_value.key": False,
+                     "props.key_value.value": False, "keys.list.element": False, "n": True}
+
+
+def test_dictionary_columns_judges_the_first_rows_only():
+    """Only the first DICTIONARY_SAMPLE_ROWS rows decide (a fixed cost per task): a column unique
+    there gets no dictionary however repetitive its later rows are, and a null is not a value."""
+    from pipelines.delta_files import DICTIONARY_SAMPLE_ROWS, dictionary_columns
+
+    n = DICTIONARY_SAMPLE_ROWS
+    sample = pa.table({
+        "late_repeats": pa.array([f"u{i}" for i in range(n)] + ["same"] * (20 * n)),
+        "nulls_and_one": pa.array([None if i % 2 else "x" for i in range(21 * n)], pa.string()),
+        "all_null": pa.array([None] * (21 * n), pa.string()),
+    })
+    assert dictionary_columns(sample) == ["nulls_and_one", "all_null"]
 
 
 def _df(spark, table: pa.Table, partitions: int = 3):
@@ -472,10 +490,12 @@ def test_launch_conf_is_what_every_launcher_passes():
     repo = Path(__file__).resolve().parents[1]
     assert LAUNCH_CONF_FILE == repo / "jobs" / "spark-submit.conf"
     expected = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
-                "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+                "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+                "spark.python.daemon.module": "pipelines.worker_daemon"}
     assert launch_conf() == expected
     args = ["--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
-            "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1"]
+            "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1",
+            "--conf", "spark.python.daemon.module=pipelines.worker_daemon"]
     assert launch_conf_args() == args
     make = subprocess.run(["make", "-s", "--eval", "print-launch: ; @echo $(SPARK_LAUNCH_CONF)", "print-launch"],
                           cwd=repo, capture_output=True, text=True, check=True)
