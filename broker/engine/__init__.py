@@ -8,7 +8,7 @@ It knows nothing of requests, clients or metadata tables: those are :mod:`broker
 wraps this engine in the broker's processes.
 """
 
-import importlib
+from broker.lazy_exports import lazy_exports
 
 # name -> module: resolved on first use (PEP 562), so that importing one light module of this
 # package (``ha_frames``, ``store_settings``: the broker's settings need them) does not compile-load
@@ -26,11 +26,4 @@ _EXPORTS = {
     "ASYNC_FLUSH": "broker.store.constants",
     "SYNC_FLUSH": "broker.store.constants",
 }
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -7,7 +7,7 @@ and dead letters, statistics, clients — and runs it all as the broker's proces
 dispatcher process, network processes; :mod:`broker.server.supervisor`).
 """
 
-import importlib
+from broker.lazy_exports import lazy_exports
 
 # name -> module: resolved on first use (PEP 562), so importing one light module of this package
 # (a network process's) does not import the storage engine behind the metadata tables
@@ -21,11 +21,4 @@ _EXPORTS = {
     "SendBackResult": "broker.server.send_back",
     "consumer_send_back": "broker.server.send_back",
 }
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
