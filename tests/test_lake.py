@@ -490,12 +490,10 @@ def test_launch_conf_is_what_every_launcher_passes():
     repo = Path(__file__).resolve().parents[1]
     assert LAUNCH_CONF_FILE == repo / "jobs" / "spark-submit.conf"
     expected = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
-                "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
-                "spark.python.daemon.module": "pipelines.worker_daemon"}
+                "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
     assert launch_conf() == expected
     args = ["--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
-            "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1",
-            "--conf", "spark.python.daemon.module=pipelines.worker_daemon"]
+            "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1"]
     assert launch_conf_args() == args
     make = subprocess.run(["make", "-s", "--eval", "print-launch: ; @echo $(SPARK_LAUNCH_CONF)", "print-launch"],
                           cwd=repo, capture_output=True, text=True, check=True)
