@@ -41,6 +41,7 @@ from broker.store.constants import (
     PROPERTY_UNIQ_KEY,
     STOREHOSTADDRESS_V6_FLAG,
 )
+from broker.store.crc_kernel import crc_at
 from broker.store.record_layout import (
     IPV4_HOST_SIZE,
     IPV6_HOST_SIZE,
@@ -84,18 +85,6 @@ _JOINER = ord(INDEX_KEY_JOINER)
 _INT_MIN = -(1 << 31)
 
 
-def _crc_table() -> np.ndarray:
-    """The reflected CRC-32 (IEEE) table, as zlib's."""
-    table = np.zeros(256, np.uint32)
-    for n in range(256):
-        c = n
-        for _ in range(8):
-            c = (0xEDB88320 ^ (c >> 1)) if c & 1 else c >> 1
-        table[n] = c
-    return table
-
-
-_CRC_TABLE = _crc_table()
 
 
 @numba.njit(cache=True, inline="always")
@@ -188,15 +177,7 @@ def _equals(buf, at, n, name):
 
 
 @numba.njit(cache=True)
-def _crc32(buf, at, n, table):
-    c = np.uint32(0xFFFFFFFF)
-    for i in range(at, at + n):
-        c = table[(c ^ np.uint32(buf[i])) & np.uint32(0xFF)] ^ (c >> np.uint32(8))
-    return np.int64(c ^ np.uint32(0xFFFFFFFF)) & 0x7FFFFFFF
-
-
-@numba.njit(cache=True)
-def _scan(buf, base, pos, limit, check_crc, crc_table, names_tags, names_keys, names_uniq, schedule,
+def _scan(buf, base, pos, limit, check_crc, names_tags, names_keys, names_uniq, schedule,
           phy, size, queue_id, queue_offset, sys_flag, store_ts, topic_at, topic_len, tags_code, delay_topic,
           key_first, key_count, key_hash):
     """Walk records from ``buf[pos]`` while they start before ``limit`` (file positions); fill one
@@ -257,7 +238,7 @@ def _scan(buf, base, pos, limit, check_crc, crc_table, names_tags, names_keys, n
         props_at = p + PROPERTIES_LENGTH_SIZE
         if props_len < 0 or props_at + props_len != rec_end:
             return n, k, pos, STOP_CHECK
-        if check_crc and _crc32(buf, body_at, body_len, crc_table) != _i32(buf, pos + POS_BODY_CRC):
+        if check_crc and crc_at(buf, body_at, body_len) != _i32(buf, pos + POS_BODY_CRC):
             return n, k, pos, STOP_CHECK
         # ---- properties: the last well-formed TAGS / KEYS / UNIQ_KEY entry wins ----
         tags_at = -1
@@ -380,7 +361,7 @@ def scan_run(buf: np.ndarray, base: int, pos: int, limit: int, *, check_crc: boo
     key_first = np.empty(cap, np.int64)
     key_count = np.empty(cap, np.int64)
     key_hash = np.empty(kcap, np.int64)
-    n, k, stop_pos, stop = _scan(buf, base, pos, limit, check_crc, _CRC_TABLE, _NAME_TAGS, _NAME_KEYS,
+    n, k, stop_pos, stop = _scan(buf, base, pos, limit, check_crc, _NAME_TAGS, _NAME_KEYS,
                                  _NAME_UNIQ, _SCHEDULE, phy, size, queue_id, queue_offset, sys_flag, store_ts,
                                  topic_at, topic_len, tags, delay_topic, key_first, key_count, key_hash)
     return RunFields(base, phy[:n], size[:n], queue_id[:n], queue_offset[:n], sys_flag[:n], store_ts[:n],
