@@ -256,7 +256,7 @@ def _stop_with_parent(args: argparse.Namespace) -> None:
 
 
 def cmd_namesrv_start(args: argparse.Namespace) -> int:
-    import asyncio
+    from broker.remoting import event_loop
 
     from broker.namesrv.server import serve_name_server
     from broker.remoting.tls import ServerTls, ServerTlsConfig, TlsConfigError
@@ -280,7 +280,7 @@ def cmd_namesrv_start(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     _stop_with_parent(args)
     try:
-        asyncio.run(serve_name_server(args.listen, broker_timeout_s=args.broker_timeout, on_ready=ready, tls=tls,
+        event_loop.run(serve_name_server(args.listen, broker_timeout_s=args.broker_timeout, on_ready=ready, tls=tls,
                                       acl_file=acl_file))
     except AclConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

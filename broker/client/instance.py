@@ -19,6 +19,7 @@ from typing import Callable
 from broker.acl.signature import SessionCredentials
 from broker.remoting.bodies import MessageQueue, TopicRouteData
 from broker.remoting.codes import PermName, RequestCode, ResponseCode
+from broker.remoting import event_loop
 from broker.remoting.command import RemotingCommand
 from broker.remoting.tls import ClientTlsConfig, client_context
 from broker.remoting.transport import RemotingClient, UnsupportedRequest
@@ -83,7 +84,7 @@ class ClientInstance:
             raise ValueError("a name server address (host:port) is required")
         self.timeout = timeout
         self.client_id = f"{local_ip()}@{os.getpid()}#{instance_name}"
-        self._loop = asyncio.new_event_loop()
+        self._loop = event_loop.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rocketlake-client", daemon=True)
         self._thread.start()
         # with credentials every request is signed as Apache's AclClientRPCHook signs it

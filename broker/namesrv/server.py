@@ -44,6 +44,7 @@ from broker.remoting.bodies import (
 )
 from broker.remoting.codes import RequestCode, ResponseCode, Version
 from broker.remoting.properties_body import CHARSET, PropertiesError, parse_properties, properties_to_text
+from broker.remoting import event_loop
 from broker.remoting.command import RemotingCommand
 from broker.remoting.frame import DEFAULT_MAX_FRAME
 from broker.remoting.headers import (
@@ -382,4 +383,4 @@ async def serve_name_server(listen: str, *, broker_timeout_s: float = DEFAULT_BR
 
 def run_name_server(listen: str = f"127.0.0.1:{DEFAULT_PORT}", **kwargs: object) -> None:
     """Blocking entry point: serve until SIGINT/SIGTERM (keyword arguments as :func:`serve_name_server`)."""
-    asyncio.run(serve_name_server(listen, **kwargs))  # type: ignore[arg-type]
+    event_loop.run(serve_name_server(listen, **kwargs))  # type: ignore[arg-type]

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Future as ThreadFuture
 from typing import Any
 
+from broker.remoting import event_loop
 from broker.remoting.codes import ResponseCode, request_code_name
 from broker.remoting.command import RESPONSE_FLAG, ProtocolError, RemotingCommand, response_frame
 from broker.remoting.frame import DEFAULT_MAX_FRAME, FrameDecoder, FrameError
@@ -828,7 +829,7 @@ class SyncRemotingClient:
     """
 
     def __init__(self, addr: str | None = None, **kwargs: Any) -> None:
-        self._loop = asyncio.new_event_loop()
+        self._loop = event_loop.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="remoting-client-loop", daemon=True)
         self._thread.start()
         self._client = RemotingClient(addr, **kwargs)

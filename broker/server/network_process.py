@@ -21,6 +21,7 @@ import sys
 
 from broker.acl.gate import DENIED_CODE, AclGate
 from broker.remoting.codes import RequestCode, ResponseCode
+from broker.remoting import event_loop
 from broker.remoting.command import RemotingCommand
 from broker.remoting.tls import ServerTls
 from broker.remoting.transport import Connection, RemotingServer
@@ -200,4 +201,4 @@ def network_process_main(settings: BrokerSettings, socket_path: str, ready, log_
             loop.add_signal_handler(sig, stop.set)
         await NetworkFrontend(settings, socket_path, acl_path).run(ready, stop)
 
-    asyncio.run(main())
+    event_loop.run(main())
