@@ -85,8 +85,6 @@ _JOINER = ord(INDEX_KEY_JOINER)
 _INT_MIN = -(1 << 31)
 
 
-
-
 @numba.njit(cache=True, inline="always")
 def _i32(buf, p):
     v = (np.int64(buf[p]) << 24) | (np.int64(buf[p + 1]) << 16) | (np.int64(buf[p + 2]) << 8) | np.int64(buf[p + 3])
