@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from broker.acl.signature import SessionCredentials
+from broker.remoting import event_loop
 from broker.remoting.bodies import MessageQueue, TopicRouteData
 from broker.remoting.codes import PermName, RequestCode, ResponseCode
-from broker.remoting import event_loop
 from broker.remoting.command import RemotingCommand
 from broker.remoting.tls import ClientTlsConfig, client_context
 from broker.remoting.transport import RemotingClient, UnsupportedRequest

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from broker.acl.gate import DENIED_CODE, AclGate
 from broker.acl.permission import NAMESRV_ADMIN_CODES
 from broker.namesrv.route_table import DEFAULT_BROKER_TIMEOUT_S, RouteTable
+from broker.remoting import event_loop
 from broker.remoting.bodies import (
     BodyError,
     KVTable,
@@ -44,7 +45,6 @@ from broker.remoting.bodies import (
 )
 from broker.remoting.codes import RequestCode, ResponseCode, Version
 from broker.remoting.properties_body import CHARSET, PropertiesError, parse_properties, properties_to_text
-from broker.remoting import event_loop
 from broker.remoting.command import RemotingCommand
 from broker.remoting.frame import DEFAULT_MAX_FRAME
 from broker.remoting.headers import (

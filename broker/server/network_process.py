@@ -20,8 +20,8 @@ import signal
 import sys
 
 from broker.acl.gate import DENIED_CODE, AclGate
-from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting import event_loop
+from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.tls import ServerTls
 from broker.remoting.transport import Connection, RemotingServer

@@ -11,12 +11,15 @@ try:
 except ImportError:  # pragma: no cover - isal is a declared dependency
     from zlib import crc32 as _crc32
 
+# RocketMQ keeps CRCs as non-negative Java ints (UtilAll.crc32): the sign bit is cleared
+CRC_MASK = 0x7FFFFFFF
+
 
 def body_crc(data: bytes | memoryview) -> int:
     """RocketMQ's BODYCRC: ``crc32(data) & 0x7FFFFFFF``; 0 for an empty body."""
     if not len(data):
         return 0
-    return _crc32(data) & 0x7FFFFFFF
+    return _crc32(data) & CRC_MASK
 
 
 crc32 = _crc32

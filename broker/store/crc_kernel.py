@@ -22,6 +22,8 @@ from numba import njit, types
 
 import isal.isal_zlib
 
+from broker.store.crc import CRC_MASK
+
 _SYMBOL = "crc32_gzip_refl"  # uint32_t crc32_gzip_refl(uint32_t init, const unsigned char *buf, uint64_t len)
 
 
@@ -40,10 +42,10 @@ _isal_crc = types.ExternalFunction(_SYMBOL, types.uint32(types.uint32, types.voi
 
 @njit(cache=True, inline="always")
 def crc_at(buf, at, n):  # pragma: no cover (compiled)
-    """RocketMQ's BODYCRC of ``buf[at:at + n]`` (CRC-32 & 0x7FFFFFFF; 0 when ``n`` is 0)."""
+    """RocketMQ's BODYCRC of ``buf[at:at + n]`` (CRC-32 & CRC_MASK; 0 when ``n`` is 0)."""
     if n <= 0:
         return np.int64(0)
-    return np.int64(_isal_crc(np.uint32(0), buf.ctypes.data + at, np.uint64(n))) & 0x7FFFFFFF
+    return np.int64(_isal_crc(np.uint32(0), buf.ctypes.data + at, np.uint64(n))) & CRC_MASK
 
 
 _SIGNATURES = [types.void(types.Array(types.uint8, 1, "C", readonly=readonly), types.Array(types.int64, 1, "C"),

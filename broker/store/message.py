@@ -28,7 +28,7 @@ from broker.store.constants import (
     TRANSACTION_TYPE_NAMES,
     signed32,
 )
-from broker.store.crc import body_crc, crc32
+from broker.store.crc import CRC_MASK, body_crc, crc32
 from broker.store.hosts import Host
 from broker.store.message_id import encode_offset_msg_id
 from broker.store.properties import decode_properties, split_keys
@@ -182,7 +182,7 @@ class MessageRecord:
             raw += PROPERTY_SEPARATOR
         placeholder = raw + PROPERTY_CRC32 + NAME_VALUE_SEPARATOR + "0" * 10 + PROPERTY_SEPARATOR
         draft = replace(self, properties_raw=placeholder).encode()
-        value = crc32(draft[: len(draft) - CRC32_RESERVED_LENGTH]) & 0x7FFFFFFF
+        value = crc32(draft[: len(draft) - CRC32_RESERVED_LENGTH]) & CRC_MASK
         digits = str(value)[::-1].ljust(10, "0")
         return replace(self, properties_raw=raw + PROPERTY_CRC32 + NAME_VALUE_SEPARATOR + digits + PROPERTY_SEPARATOR)
 
