@@ -1,13 +1,46 @@
-"""What the kill-and-rerun tests need of a job run as a subprocess in its own process group:
-its stderr line by line as it is written, and whether anything of the group still runs."""
+"""Running jobs from tests. In-process: ``rocketlake <job>`` on the test session's SparkSession,
+its stdout and stderr captured. As a subprocess in its own process group (the kill-and-rerun
+tests): its stderr line by line as it is written, and whether anything of the group still runs."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import queue
 import threading
 from pathlib import Path
 from typing import IO
+
+import pytest
+
+
+def run_job_in_process(config: pytest.Config, argv: list[str], cwd: Path | None = None) -> tuple[int, str, str]:
+    """``rocketlake *argv`` (``broker.cli``: a job's ``main`` on the active SparkSession) in this
+    process, from ``cwd`` when given: its exit status, stdout and stderr.
+
+    The jobs print to ``sys.stdout``, so pytest's own capturing is set aside for the run (else live
+    logging, when on, swaps ``sys.stdout`` back under the redirect); the root-logger handlers the job's
+    ``logging.basicConfig`` adds are removed afterwards, and the working directory is restored."""
+    from broker.cli import main
+
+    capman = config.pluginmanager.getplugin("capturemanager")
+    out, err = io.StringIO(), io.StringIO()
+    root = logging.getLogger()
+    handlers, before = list(root.handlers), Path.cwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with (capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(argv)
+    finally:
+        os.chdir(before)
+        for h in list(root.handlers):
+            if h not in handlers:
+                root.removeHandler(h)
+    return rc, out.getvalue(), err.getvalue()
 
 
 def pump_lines(stream: IO[bytes]) -> tuple[queue.Queue, threading.Thread]:

@@ -8,10 +8,7 @@ hides another. A third broker's rows, already in the tables, must survive the ru
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
-import io
-import logging
 import shutil
 import struct
 from collections import defaultdict
@@ -32,6 +29,7 @@ from broker.store.topics import WRAPPER_TOPICS
 from pipelines.lake import replace_arrow
 from pipelines.reports import audit as A
 from schemas.reports import AUDIT_FINDINGS_SCHEMA, TOPIC_DAILY_STATS_SCHEMA
+from tests.job_runner import run_job_in_process
 
 SEGMENT = 1 << 20       # golden store_a: mappedFileSizeCommitLog
 CQ_FILE = 2000          # mappedFileSizeConsumeQueue
@@ -71,8 +69,6 @@ def _patch(path: Path, pos: int, data: bytes) -> None:
 def audited(request, spark, golden_store, golden_records, tmp_path_factory) -> SimpleNamespace:
     """Seed a third broker's rows, damage a copy of the golden store, run ``rocketlake audit`` once
     (``broker.cli`` loads and runs ``jobs/audit.py``'s main, as spark-submit would)."""
-    from broker.cli import main
-
     root = tmp_path_factory.mktemp("audit")
     lake, store = root / "lake", root / "damaged"
     other_finding = pa.Table.from_pylist([{
@@ -92,21 +88,9 @@ def audited(request, spark, golden_store, golden_records, tmp_path_factory) -> S
         p.chmod(0o755 if p.is_dir() else 0o644)  # the golden files are read-only
     expect = _damage(store, golden_records)
 
-    # the job prints to sys.stdout: pytest's own capturing is set aside (else live logging, when on,
-    # swaps sys.stdout back under the redirect); the job's logging.basicConfig handler goes afterwards
-    capman = request.config.pluginmanager.getplugin("capturemanager")
-    out, err = io.StringIO(), io.StringIO()
-    handlers = list(logging.getLogger().handlers)
-    try:
-        with (capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()), \
-                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main(["audit", "--store", f"golden={golden_store}", "--store", f"damaged={store}",
-                       "--lake", str(lake)])
-    finally:
-        for h in logging.getLogger().handlers:
-            if h not in handlers:
-                logging.getLogger().removeHandler(h)
-    return SimpleNamespace(rc=rc, out=out.getvalue().splitlines(), lake=lake, expect=expect,
+    rc, out, _ = run_job_in_process(request.config, ["audit", "--store", f"golden={golden_store}",
+                                                     "--store", f"damaged={store}", "--lake", str(lake)])
+    return SimpleNamespace(rc=rc, out=out.splitlines(), lake=lake, expect=expect,
                            other_finding=other_finding.to_pylist(), other_stats=other_stats.to_pylist())
 
 

@@ -2,10 +2,11 @@
 give the same tables as on ``local[2]``.
 
 A module-scoped cluster from :mod:`pipelines.cluster` on free ports under a tmp dir; a copy of the
-golden store; then ingest, consumer lag, DLQ, audit and a replay ``--dry-run`` run as
-``spark-submit`` subprocesses twice: ``--master spark://…`` into one lake, ``--master local[2]``
-into another. Store and lakes are given as paths relative to the submit directory (executors run in
-their worker's work directory, so the driver must make them absolute).
+golden store; then ingest, consumer lag, DLQ, audit and a replay ``--dry-run`` run twice: as
+``spark-submit --master spark://…`` subprocesses into one lake, and in-process (``rocketlake <job>``)
+on the tests' ``local[2]`` session into another. Store and lakes are given as paths relative to the
+submit directory (executors run in their worker's work directory, so the driver must make them
+absolute).
 
 The executors run a Python that cannot import the project (the venv's site-packages without the
 editable install's finder): the code reaches them only through ``--py-files`` of the packed zip.
@@ -31,6 +32,7 @@ from deltalake import DeltaTable
 from broker.client import Admin
 from pipelines import cluster as cl
 from tests.broker_harness import REPO, free_port, start_broker, start_namesrv
+from tests.job_runner import run_job_in_process
 
 SNAPSHOT_TS = "2030-01-01T00:00:00Z"
 REPLAY_TOPIC = "ReplayDry"
@@ -84,23 +86,42 @@ def _submit(cwd: Path, log: Path, master_args: list[str], job: str, *args: str) 
     return out
 
 
-def _run_jobs(cwd: Path, lake: str, namesrv: str, master_args: list[str]) -> dict[str, str]:
-    """The five jobs in order into ``lake`` (relative to ``cwd``), their stdout by job."""
+def _jobs(lake: str, namesrv: str) -> dict[str, tuple[str, list[str]]]:
+    """The five jobs in order into ``lake`` (relative to the submit directory): by their
+    ``rocketlake`` command name, the ``jobs/`` file and its arguments."""
     store = ["--store", f"broker-a={STORE}", "--lake", lake]
-    log = cwd / f"{lake}.log"
     return {
-        "ingest": _submit(cwd, log, master_args, "ingest_commitlog.py", *store),
-        "lag": _submit(cwd, log, master_args, "consumer_lag.py", *store, "--snapshot-ts", SNAPSHOT_TS),
-        "dlq": _submit(cwd, log, master_args, "dlq_report.py", *store, "--no-ingest"),
-        "audit": _submit(cwd, log, master_args, "audit.py", *store, "--no-ingest"),
-        "replay": _submit(cwd, log, master_args, "replay.py", "--lake", lake, "--namesrv", namesrv,
-                          "--topic", "TopicOrders", "--since", "2000-01-01", "--until", "2100-01-01",
-                          "--target-topic", REPLAY_TOPIC, "--dry-run", "--run-id", "cluster-dry"),
+        "ingest": ("ingest_commitlog.py", store),
+        "lag": ("consumer_lag.py", [*store, "--snapshot-ts", SNAPSHOT_TS]),
+        "dlq": ("dlq_report.py", [*store, "--no-ingest"]),
+        "audit": ("audit.py", [*store, "--no-ingest"]),
+        "replay": ("replay.py", ["--lake", lake, "--namesrv", namesrv, "--topic", "TopicOrders",
+                                 "--since", "2000-01-01", "--until", "2100-01-01", "--target-topic", REPLAY_TOPIC,
+                                 "--dry-run", "--run-id", "cluster-dry"]),
     }
 
 
+def _run_on_cluster(cwd: Path, lake: str, namesrv: str, master_args: list[str]) -> dict[str, str]:
+    """The five jobs as ``spark-submit`` subprocesses: their stdout by job."""
+    log = cwd / f"{lake}.log"
+    return {name: _submit(cwd, log, master_args, file, *args) for name, (file, args) in _jobs(lake, namesrv).items()}
+
+
+def _run_locally(config: pytest.Config, cwd: Path, lake: str, namesrv: str) -> dict[str, str]:
+    """The same five jobs in this process (``rocketlake <job>``) on the tests' local[2] session, from
+    the same directory with the same relative paths: their stdout by job. In-process rather than five
+    more spark-submits: the comparison is cluster against local[2], and a JVM start per job is what
+    made this module the suite's slowest."""
+    out = {}
+    for name, (_, args) in _jobs(lake, namesrv).items():
+        rc, stdout, stderr = run_job_in_process(config, [name, *args], cwd=cwd)
+        assert rc == 0, f"rocketlake {name} exited {rc}:\n{stderr[-3000:]}"
+        out[name] = stdout
+    return out
+
+
 @pytest.fixture(scope="module")
-def runs(cluster, golden_store, tmp_path_factory):
+def runs(request, spark, cluster, golden_store, tmp_path_factory):
     """Both runs of the jobs on one copy of the golden store, against one replay target."""
     tmp = tmp_path_factory.mktemp("cluster-jobs")
     shutil.copytree(golden_store, tmp / "store")
@@ -120,9 +141,8 @@ def runs(cluster, golden_store, tmp_path_factory):
                       "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
                       "--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=300s",
                       "--py-files", str(pyfiles)]
-        local = ["--master", "local[2]", "--conf", f"spark.pyspark.python={sys.executable}"]
-        out = {"cluster": _run_jobs(tmp, "lake-cluster", namesrv, on_cluster),
-               "local": _run_jobs(tmp, "lake-local", namesrv, local)}
+        out = {"cluster": _run_on_cluster(tmp, "lake-cluster", namesrv, on_cluster),
+               "local": _run_locally(request.config, tmp, "lake-local", namesrv)}
     finally:
         target.stop()
         ns_proc.send_signal(signal.SIGTERM)
