@@ -28,15 +28,13 @@ def run_job_in_process(config: pytest.Config, argv: list[str], cwd: Path | None 
     capman = config.pluginmanager.getplugin("capturemanager")
     out, err = io.StringIO(), io.StringIO()
     root = logging.getLogger()
-    handlers, before = list(root.handlers), Path.cwd()
+    handlers = list(root.handlers)
     try:
-        if cwd is not None:
-            os.chdir(cwd)
         with (capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()), \
+                (contextlib.chdir(cwd) if cwd is not None else contextlib.nullcontext()), \
                 contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             rc = main(argv)
     finally:
-        os.chdir(before)
         for h in list(root.handlers):
             if h not in handlers:
                 root.removeHandler(h)

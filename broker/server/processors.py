@@ -187,16 +187,6 @@ _PULL_CODES = {
 _PERM_WRITE = int(PermName.WRITE)  # a plain int: a Flag's ``&`` costs a microsecond per send
 
 
-def _queue_for_send(config: TopicConfig, queue_id: int) -> int:
-    """The queue a send asking for ``queue_id`` goes to (``msgCheck``'s rule, written once for the
-    send fast path and the full path): a random writable queue for < 0, the asked one when the topic
-    has it; -1 when it does not."""
-    if queue_id < 0:
-        return random.randrange(max(config.write_queue_nums, 1))
-    if queue_id >= max(config.read_queue_nums, config.write_queue_nums):
-        return -1
-    return queue_id
-
 _PUT_CODES = {
     PutStatus.PUT_OK: ResponseCode.SUCCESS,
     PutStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
@@ -207,6 +197,17 @@ _PUT_CODES = {
     PutStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
     PutStatus.TOPIC_NOT_EXIST: ResponseCode.TOPIC_NOT_EXIST,
 }
+
+
+def _queue_for_send(config: TopicConfig, queue_id: int) -> int:
+    """The queue a send asking for ``queue_id`` goes to (``msgCheck``'s rule, written once for the
+    send fast path and the full path): a random writable queue for < 0, the asked one when the topic
+    has it; -1 when it does not."""
+    if queue_id < 0:
+        return random.randrange(max(config.write_queue_nums, 1))
+    if queue_id >= max(config.read_queue_nums, config.write_queue_nums):
+        return -1
+    return queue_id
 
 
 class BrokerCore:
