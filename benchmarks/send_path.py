@@ -343,7 +343,10 @@ class CpuMeter:
         its own processes over the sending phase, without their start-up), and the sum."""
         messages = result["msgs"]
         self.used["load generator"] = result["cpu"]
-        parts = [f"{name} {1e6 * sec / max(messages, 1):.0f}" for name, sec in self.used.items()]
+        # a fixed order, whatever order the processes started in (pids)
+        order = {name: i for i, name in enumerate(("store", "dispatch", "network", "load generator"))}
+        used = sorted(self.used.items(), key=lambda item: order.get(item[0], len(order)))
+        parts = [f"{name} {1e6 * sec / max(messages, 1):.0f}" for name, sec in used]
         total = sum(self.used.values())
         return f"cpu per message (us): {', '.join(parts)}; total {1e6 * total / max(messages, 1):.0f}"
 

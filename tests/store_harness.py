@@ -8,10 +8,10 @@ uses and closes it like a plain store. Its puts become pullable and findable by 
 dispatcher process reported them, as in the broker: a test that reads queues right after a put
 calls :meth:`DispatchedStore.caught_up` first.
 
-The dispatcher process is forked (the broker spawns it): the test process has already imported and
-JIT-compiled what the process runs, so a fork costs milliseconds where a spawn costs a second,
-which is what lets every test have its own store and dispatcher. The spawn path itself is covered
-by tests/test_external_dispatch.py and the socket tests.
+The dispatcher process is forked, as the broker's store process forks it: the test process has
+already imported and JIT-compiled what the process runs, so a fork costs milliseconds where a spawn
+costs a second, which is what lets every test have its own store and dispatcher. The spawn path
+(taken when the starting process runs other threads) is covered by tests/test_external_dispatch.py.
 """
 
 from __future__ import annotations

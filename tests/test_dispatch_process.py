@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
+from broker.server.dispatch_process import default_start_method
 from broker.server.launcher import iter_proc_stats
 from tests.broker_harness import start_broker, start_namesrv
 
@@ -47,3 +51,19 @@ def test_dispatcher_exits_when_store_process_is_killed(tmp_path: Path) -> None:
         broker.kill()
         ns.kill()
         ns.wait()
+
+
+def test_the_dispatcher_is_forked_from_a_single_threaded_process_and_spawned_otherwise():
+    """The store process starts its dispatcher before any thread of its own: a fork, which needs no
+    imports. With another thread running, a fork could copy a lock that thread holds: spawn."""
+    probe = "from broker.server.dispatch_process import default_start_method as m; print(m())"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (0, "fork\n"), out.stderr
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        assert default_start_method() == "spawn"
+    finally:
+        release.set()
+        other.join()

@@ -48,7 +48,8 @@ class _Running:
     def __init__(self, root: Path) -> None:
         self.store = MessageStore(root, SETTINGS)
         self.store.open()
-        self.dispatcher = ExternalDispatcher(self.store, logging.WARNING)
+        # spawned: the broker forks (tests/store_harness.py does too), this covers the spawn path
+        self.dispatcher = ExternalDispatcher(self.store, logging.WARNING, start_method="spawn")
         self.dispatcher.start()
 
     def close(self) -> None:

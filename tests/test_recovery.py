@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.engine import MessageStore, RecoveryError, StoreSettings
+from broker.engine import MessageStore, RecoveryError, StoreSettings, recovery
 from broker.store.commitlog import CommitLogWriter, offset_to_file_name
 from broker.store.hosts import Host
 from broker.store.message import MessageRecord
@@ -154,6 +154,42 @@ def test_garbage_after_the_last_record_is_zeroed(tmp_path):
     assert len(bodies(st, "TopicA", range(2))) == 5
     st.close()
     assert_clean(root)
+
+
+def test_garbage_past_a_hole_of_the_sparse_file_is_zeroed_too(tmp_path):
+    """Recovery skips the holes of a sparse commitlog file (SEEK_DATA/SEEK_HOLE) instead of reading
+    them; bytes written past a hole still count and are zeroed."""
+    root = tmp_path / "s"
+    puts = crashed_store(root, n=5)
+    end = puts[-1].physical_offsets[0] + puts[-1].wrote_bytes
+    path = segment_path(root, end)
+    assert end % SEG < 4096 and recovery._data_end(path, end % SEG, SEG) <= 4096  # records, then a hole
+    junk = bytes(random.Random(4).randrange(1, 256) for _ in range(64))
+    write_at(path, SEG - 100, junk)
+    st = open_store(root)
+    rep = st.recovery
+    assert (rep.commitlog_end, rep.bytes_truncated) == (end, SEG - 100 + 64 - end % SEG)
+    assert read_at(path, end % SEG, SEG - end % SEG) == bytes(SEG - end % SEG)
+    assert len(bodies(st, "TopicA", range(2))) == 5
+    st.close()
+    assert_clean(root)
+
+
+def test_data_end_follows_the_holes_of_a_sparse_file(tmp_path):
+    path = tmp_path / "sparse"
+    with open(path, "wb") as fh:
+        fh.truncate(1 << 20)
+    assert recovery._data_end(path, 0, 1 << 20) == 0  # all hole
+    write_at(path, 100_000, b"x")
+    write_at(path, 700_000, b"y")
+    end = recovery._data_end(path, 0, 1 << 20)
+    assert 700_001 <= end <= 700_000 + 64 * 1024  # the end of the block written last
+    assert recovery._data_end(path, 0, 300_000) <= 300_000  # never past stop
+    assert recovery._data_end(path, 800_000, 1 << 20) == 800_000  # nothing from there on
+    assert recovery._data_end(tmp_path / "missing", 5, 10) == 10  # cannot tell: scan everything
+    full = tmp_path / "full"
+    full.write_bytes(bytes(8192))  # written zeros are data, not holes
+    assert recovery._data_end(full, 0, 8192) == 8192
 
 
 def test_crc_mismatch_ends_the_log_there(tmp_path):

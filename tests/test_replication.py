@@ -584,6 +584,26 @@ def test_master_streams_its_files_to_a_slave_speaking_raw_bytes(tmp_path: Path) 
         master.close()
 
 
+def test_master_stop_wakes_its_accept_at_once(tmp_path: Path, monkeypatch) -> None:
+    """HAMaster.stop shuts the listening socket down, which wakes the blocked accept: with the accept's
+    poll made longer than stop's join, the thread is still gone when stop returns (closing alone left
+    it blocked, and every broker stop waited up to a second for it)."""
+    from broker.engine import ha_master
+
+    master, slave_store = _store_pair(tmp_path)
+    slave_store.close()
+    monkeypatch.setattr(ha_master, "POLL_S", 600.0)
+    ha = ha_master.HAMaster(master, "127.0.0.1", free_port(), batch_bytes=1000, heartbeat_ms=100,
+                            housekeeping_ms=20_000, fallbehind_max=1 << 30, sync_timeout_ms=300)
+    try:
+        ha.start()
+        assert ha._thread.is_alive()
+    finally:
+        ha.stop()
+        master.close()
+    assert not ha._thread.is_alive()
+
+
 def test_slave_client_against_a_master_speaking_raw_bytes(tmp_path: Path) -> None:
     import socket
 

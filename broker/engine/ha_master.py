@@ -72,6 +72,10 @@ class HAMaster:
     def stop(self) -> None:
         self._stop.set()
         if self._server is not None:
+            try:  # wakes the accept below at once (closing alone leaves it blocked until its timeout)
+                self._server.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self._server.close()
         with self._lock:
             links = list(self._links)

@@ -199,64 +199,70 @@ def store_process_main(settings: BrokerSettings, store_dir: str, socket_path: st
     log.info("store opened: %s", report.summary() if hasattr(report, "summary") else report)
     dispatcher = ExternalDispatcher(store, log_level)
     dispatcher.start()
-    store.start_background()
-    metadata = BrokerMetadata(store)
-    metadata.start()
-    schedule = ScheduleService(store, metadata.delay_offsets)
-    replication = start_replication(store, settings)
-    slave_sync: SlaveSynchronize | None = None
-    on_master: Callable[[str | None, str], None] | None = None
-    if settings.broker_role == SLAVE:  # its delay topic fills from its master's log: no schedule service
-        slave_sync = SlaveSynchronize(metadata)
-        slave_sync.start()
+    try:
+        store.start_background()
+        metadata = BrokerMetadata(store)
+        metadata.start()
+        schedule = ScheduleService(store, metadata.delay_offsets)
+        replication = start_replication(store, settings)
+        slave_sync: SlaveSynchronize | None = None
+        on_master: Callable[[str | None, str], None] | None = None
+        if settings.broker_role == SLAVE:  # its delay topic fills from its master's log: no schedule service
+            slave_sync = SlaveSynchronize(metadata)
+            slave_sync.start()
 
-        def follow_master(ha_addr: str | None, master_addr: str) -> None:
-            if ha_addr and not settings.ha_master_address:  # a configured address stays (Apache's rule)
-                replication.update_master_address(ha_addr)
-            slave_sync.set_master_addr(master_addr)
-        on_master = follow_master
-    else:
-        schedule.start()
-    ha_addr = "" if isinstance(replication, HAMaster) and not replication.listening else settings.ha_server_addr
-    registrar = NameServerRegistrar(settings, metadata.topics, on_master, ha_addr)
-    core = BrokerCore(store, metadata, cluster_name=settings.broker_cluster_name, broker_name=settings.broker_name,
-                      broker_addr=settings.broker_addr, max_message_size=settings.max_message_size,
-                      auto_create_topic=settings.auto_create_topic_enable, on_topics_changed=registrar.changed,
-                      settings=settings, config_path=config_path)
-    server: IpcServer | None = None
-    caller = IpcClientCaller(lambda pid, event: server.send_to(pid, event))
-    core.admin_clients.caller = caller
-    from broker.server.transaction_check import TransactionCheckService
+            def follow_master(ha_addr: str | None, master_addr: str) -> None:
+                if ha_addr and not settings.ha_master_address:  # a configured address stays (Apache's rule)
+                    replication.update_master_address(ha_addr)
+                slave_sync.set_master_addr(master_addr)
+            on_master = follow_master
+        else:
+            schedule.start()
+        ha_addr = "" if isinstance(replication, HAMaster) and not replication.listening else settings.ha_server_addr
+        registrar = NameServerRegistrar(settings, metadata.topics, on_master, ha_addr)
+        core = BrokerCore(store, metadata, cluster_name=settings.broker_cluster_name, broker_name=settings.broker_name,
+                          broker_addr=settings.broker_addr, max_message_size=settings.max_message_size,
+                          auto_create_topic=settings.auto_create_topic_enable, on_topics_changed=registrar.changed,
+                          settings=settings, config_path=config_path)
+        server: IpcServer | None = None
+        caller = IpcClientCaller(lambda pid, event: server.send_to(pid, event))
+        core.admin_clients.caller = caller
+        from broker.server.transaction_check import TransactionCheckService
 
-    transaction_check = TransactionCheckService(core, caller)  # asks producers about open half messages
+        transaction_check = TransactionCheckService(core, caller)  # asks producers about open half messages
 
-    def handle(req: Request):
-        reply = core.process(req)
-        for note in reply.notify:
-            server.broadcast(("notify", note.group, note.channels))
-        reply.notify = []
-        return reply if reply.deferred is None else reply.deferred  # a Future: answered when a client answers
+        def handle(req: Request):
+            reply = core.process(req)
+            for note in reply.notify:
+                server.broadcast(("notify", note.group, note.channels))
+            reply.notify = []
+            return reply if reply.deferred is None else reply.deferred  # a Future: answered when a client answers
 
-    def on_closed(channel) -> None:
-        for note in core.channel_closed(channel):
-            server.broadcast(("notify", note.group, note.channels))
+        def on_closed(channel) -> None:
+            for note in core.channel_closed(channel):
+                server.broadcast(("notify", note.group, note.channels))
 
-    def handle_sends(reqs: list[Request]) -> list[Reply]:
-        return core.send_messages(reqs)
+        def handle_sends(reqs: list[Request]) -> list[Reply]:
+            return core.send_messages(reqs)
 
-    server = IpcServer(socket_path, handle, on_closed, lane=lambda req: req.code in SEND_CODES,
-                       handle_batch=handle_sends, on_call_reply=caller.on_reply,
-                       on_process_gone=caller.process_gone)
-    core.stats.queue_sizes = server.queue_sizes
-    growth = _GrowthBatcher(server.broadcast)
-    store.add_dispatch_listener(growth.grew)
-    server.start()
-    registrar.start()
-    transaction_check.start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    ready.set()
+        server = IpcServer(socket_path, handle, on_closed, lane=lambda req: req.code in SEND_CODES,
+                           handle_batch=handle_sends, on_call_reply=caller.on_reply,
+                           on_process_gone=caller.process_gone)
+        core.stats.queue_sizes = server.queue_sizes
+        growth = _GrowthBatcher(server.broadcast)
+        store.add_dispatch_listener(growth.grew)
+        server.start()
+        registrar.start()
+        transaction_check.start()
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        ready.set()
+    except BaseException:
+        # the dispatcher process would keep this one from exiting (multiprocessing joins it)
+        log.error("the store process failed to start; stopping its dispatcher process")
+        dispatcher.stop()
+        raise
 
     def expire_clients() -> None:
         while not stop.wait(10):

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from broker.engine.dispatch import Dispatcher, QueueRegistry
-from broker.server.linux_process import die_with_parent, set_process_name
+from broker.server.linux_process import die_with_parent, exit_without_teardown, set_process_name
 from broker.engine.message_store import MessageStore
 from broker.engine.store_settings import StoreSettings
 from broker.store.commitlog import CommitLog
@@ -113,7 +113,9 @@ def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, 
     """The process's loop. ``wake`` is the read end of the wake-up pipe (a Connection), ``control``
     the shared words indexed by STOP and COMMANDS, ``out`` the write end of the progress pipe:
     progress reports, deletion acknowledgements and a final None."""
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [dispatch] %(name)s: %(message)s")
+    # force: a forked dispatcher inherits the store process's handler, which would label its lines [store]
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [dispatch] %(name)s: %(message)s",
+                        force=True)
     # a dispatcher outliving a killed store process would go on writing consume-queue and index
     # files under the next broker's recovery, and its last sync would write index headers from its
     # stale memory over what recovery repaired (the loop below also polls the parent)
@@ -162,17 +164,33 @@ def dispatcher_main(store_dir: str, settings: StoreSettings, start_offset: int, 
         dispatcher.close()
         _report(out, None)  # done: everything up to the committed end is dispatched and synced
         log.info("dispatcher stopped at commitlog offset %d", dispatcher.next_offset)
+    exit_without_teardown()
+
+
+def default_start_method() -> str:
+    """How the dispatcher process is started when the caller does not say: ``fork`` while this
+    process runs a single thread, ``spawn`` otherwise.
+
+    Why fork: the store process has imported everything the dispatcher runs (numba and its cached
+    kernels included) before it starts the dispatcher, so a forked dispatcher is ready at once where a
+    spawned one imports and loads all of it again: 2.4-3.8 s of CPU per broker start, measured, on
+    the cores the starting network processes need. The store process starts its dispatcher right
+    after recovery, before any thread of its own. A fork copies only the calling thread (a lock held
+    by another thread would stay locked in the child), hence spawn whenever other threads run. The
+    store's ``lock`` is a POSIX record lock, which a forked child does not hold."""
+    return "fork" if threading.active_count() == 1 else "spawn"
 
 
 class ExternalDispatcher:
     """Store-process side: starts the dispatcher process and feeds its progress into the store.
 
-    ``start_method`` is the broker's ``spawn`` unless a caller knows better: tests fork, because
-    their process already imported (and JIT-compiled) everything the dispatcher runs, which makes a
-    dispatcher per test store cheap; the dispatcher's code is the same either way."""
+    ``start_method``: :func:`default_start_method` unless given (tests fork from their
+    multi-threaded process on purpose: it already imported and compiled everything the dispatcher
+    runs); the dispatcher's code is the same either way."""
 
-    def __init__(self, store: MessageStore, log_level: int, start_method: str = "spawn") -> None:
-        ctx = mp.get_context(start_method)
+    def __init__(self, store: MessageStore, log_level: int, start_method: str | None = None) -> None:
+        self.start_method = start_method or default_start_method()
+        ctx = mp.get_context(self.start_method)
         self.store = store
         start = store.dispatched_offset
         self._committed = ctx.Value("q", start, lock=False)
@@ -200,6 +218,7 @@ class ExternalDispatcher:
 
     def start(self) -> None:
         self.process.start()
+        log.info("dispatcher process %d started (%s)", self.process.pid, self.start_method)
         for conn in self._child_ends:  # so the progress pipe reads EOF when the process is gone
             conn.close()
         self._child_ends = []

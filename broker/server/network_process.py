@@ -25,13 +25,15 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.tls import ServerTls
 from broker.remoting.transport import Connection, RemotingServer
-from broker.server.linux_process import GIL_SWITCH_INTERVAL_S, set_process_name
+from broker.server.linux_process import GIL_SWITCH_INTERVAL_S, exit_without_teardown, set_process_name
 from broker.server.request_reply import SEND_CODES, Reply, Request
 from broker.server.send_draft import SendDrafter
 from broker.server.settings import BrokerSettings
 from broker.store.hosts import Host
 
 log = logging.getLogger(__name__)
+
+STORE_READY_POLL_S = 0.01  # how often a network process started beside the store looks whether it is up
 
 
 class NetworkFrontend:
@@ -174,7 +176,14 @@ class NetworkFrontend:
         self.link.submit(req, answer)
         return True
 
-    async def run(self, ready, stop: asyncio.Event) -> None:
+    async def run(self, store_ready, ready, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set or the store process's link closes. Started together with the
+        store process (their imports overlap), this process connects to the store's socket only once
+        ``store_ready`` is set, and says ``ready`` once it listens."""
+        while not store_ready.is_set():
+            if stop.is_set():  # stopped before the store was up (its start-up failed)
+                return
+            await asyncio.sleep(STORE_READY_POLL_S)
         await self.link.connect()
         await self.server.start()
         ready.set()
@@ -188,8 +197,8 @@ class NetworkFrontend:
         await self.link.close()
 
 
-def network_process_main(settings: BrokerSettings, socket_path: str, ready, log_level: int, index: int = 0,
-                         acl_path: str | None = None) -> None:
+def network_process_main(settings: BrokerSettings, socket_path: str, store_ready, ready, log_level: int,
+                         index: int = 0, acl_path: str | None = None) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     set_process_name(f"rl-net-{index}")
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [net] %(name)s: %(message)s")
@@ -199,6 +208,7 @@ def network_process_main(settings: BrokerSettings, socket_path: str, ready, log_
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await NetworkFrontend(settings, socket_path, acl_path).run(ready, stop)
+        await NetworkFrontend(settings, socket_path, acl_path).run(store_ready, ready, stop)
 
     event_loop.run(main())
+    exit_without_teardown()

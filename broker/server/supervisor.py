@@ -10,8 +10,11 @@ Process layout (see the README's architecture section for the reasons):
 * **network processes** (``requestProcesses``, default = cores; :mod:`broker.server.network_process`).
 
 Every child is spawned, so each imports only what its target's module imports: the supervisor and
-the network processes never import the storage engine; the store process's entry point is reached
-through :func:`_store_main` so that this module does not import it either.
+the network processes never import the storage engine; the store process's and the network
+processes' entry points are reached through :func:`_store_main` and :func:`_network_main`, so that
+this module imports neither. The network processes start together with the store process and wait
+for it, which overlaps their start-ups; each process that stopped cleanly ends without the
+interpreter's teardown (:func:`~broker.server.linux_process.exit_without_teardown`).
 """
 
 from __future__ import annotations
@@ -27,10 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.acl.config import acl_file_location, load_rules
 from broker.remoting.tls import ServerTls, client_context
-from broker.server.linux_process import terminate_when_orphaned
-from broker.server.network_process import network_process_main
+from broker.server.linux_process import exit_without_teardown, terminate_when_orphaned
 from broker.server.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,15 @@ def _store_main(*args) -> None:
     from broker.server.broker import store_process_main
 
     store_process_main(*args)
+    exit_without_teardown()
+
+
+def _network_main(*args) -> None:
+    """A network process's target (imported in the child only: the supervisor would import the
+    network side just to start it, on the start-up's critical path)."""
+    from broker.server.network_process import network_process_main
+
+    network_process_main(*args)
 
 
 @dataclass
@@ -65,6 +75,8 @@ class Broker:
         # the ACL file is found and checked now: a missing or broken one stops the start with its error
         self.acl_path: str | None = None
         if settings.acl_enable:
+            from broker.acl.config import acl_file_location, load_rules
+
             self.acl_path = str(acl_file_location(settings.acl_file_path, self.config_path))
             load_rules(self.acl_path)
         self.log_level = log_level
@@ -81,21 +93,24 @@ class Broker:
         Path(self.store_dir).mkdir(parents=True, exist_ok=True)
         sock_dir = tempfile.mkdtemp(prefix="rocketlake-broker-")
         socket_path = os.path.join(sock_dir, "store.sock")
-        ready = self._ctx.Event()
+        store_ready = self._ctx.Event()
         store = self._ctx.Process(target=_store_main, name="rocketlake-store",
-                                  args=(self.settings, self.store_dir, socket_path, ready, self.log_level,
+                                  args=(self.settings, self.store_dir, socket_path, store_ready, self.log_level,
                                         self.config_path))
         store.start()
         self.procs = BrokerProcesses(store, [], sock_dir)
-        self._wait(ready, store, "store process")
-        waits = []  # all started at once: their start-ups (imports, mostly) overlap
+        # the network processes start with the store process, so that their start-ups (imports,
+        # mostly) overlap its own; each connects to the store and listens once store_ready is set
+        waits = []
         for i in range(self.settings.request_processes):
             net_ready = self._ctx.Event()
-            proc = self._ctx.Process(target=network_process_main, name=f"rocketlake-net-{i}",
-                                     args=(self.settings, socket_path, net_ready, self.log_level, i, self.acl_path))
+            proc = self._ctx.Process(target=_network_main, name=f"rocketlake-net-{i}",
+                                     args=(self.settings, socket_path, store_ready, net_ready, self.log_level, i,
+                                           self.acl_path))
             proc.start()
             self.procs.network.append(proc)
             waits.append((net_ready, proc, f"network process {i}"))
+        self._wait(store_ready, store, "store process")
         for net_ready, proc, what in waits:
             self._wait(net_ready, proc, what)
         log.info("broker %s listening on %s:%d (%d network processes)", self.settings.broker_name,
