@@ -21,6 +21,8 @@ holds anything) is an error, and the slave drops the connection (``HAClient.disp
 
 from __future__ import annotations
 
+import select
+import socket
 import struct
 from dataclasses import dataclass
 
@@ -121,3 +123,14 @@ class TransferReader:
     @property
     def buffered(self) -> int:
         return len(self._buf)
+
+
+def wait_readable(sock: socket.socket, timeout_s: float) -> bool:
+    """Whether ``sock`` has bytes (or EOF) to read within ``timeout_s``: both ends' read loops wait here.
+
+    ``poll``, not ``select``: ``select`` refuses a descriptor numbered 1024 or above ("filedescriptor
+    out of range"), and a broker process holding many queue and index files gets such numbers for
+    its HA sockets (a test process that had opened enough files hit it)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(int(timeout_s * 1000)))

@@ -16,12 +16,12 @@ commitlog bytes from the mapped files (:meth:`MessageStore.read_committed`) in b
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import threading
 import time
 
-from broker.engine.ha_frames import HAFrameError, OffsetReportReader, encode_heartbeat, encode_transfer_header
+from broker.engine.ha_frames import (HAFrameError, OffsetReportReader, encode_heartbeat, encode_transfer_header,
+                                     wait_readable)
 from broker.engine.message_store import MessageStore, PutStatus, StoreError
 
 log = logging.getLogger(__name__)
@@ -182,8 +182,7 @@ class SlaveLink:
         last_read = time.monotonic()
         try:
             while not self._closed.is_set():
-                ready, _, _ = select.select([self.sock], [], [], POLL_S)
-                if not ready:
+                if not wait_readable(self.sock, POLL_S):
                     if time.monotonic() - last_read > self.master.housekeeping_s:
                         log.warning("HA master: slave %s silent for %.0f s; dropping it", self.peer,
                                     self.master.housekeeping_s)

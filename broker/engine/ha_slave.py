@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import socket
 import threading
 import time
@@ -25,6 +24,7 @@ from broker.engine.ha_frames import (
     HAFrameError,
     TransferReader,
     encode_offset_report,
+    wait_readable,
 )
 from broker.engine.message_store import MessageStore, ReplicaError, StoreError
 from broker.store.commitlog import CommitLog, list_segments
@@ -200,7 +200,7 @@ class HAClient:
             log.info("HA link to master %s up; slave commitlog ends at %d", addr, reported)
             frames = TransferReader()
             while not self._stop.is_set():
-                ready, _, _ = select.select([sock], [], [], POLL_S)
+                ready = wait_readable(sock, POLL_S)
                 now = time.monotonic()
                 if ready:
                     data = sock.recv(RECV_BYTES)

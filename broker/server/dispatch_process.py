@@ -64,6 +64,10 @@ class Waker:
             pass  # full: the dispatcher has not read the earlier wake-ups yet
 
 
+def _no_wake() -> None:
+    """The wake-up of a stopped dispatcher: nothing to wake."""
+
+
 class WakeWaiter:
     """The dispatcher's side of :class:`Waker`: wait up to a timeout for a wake-up, then drain."""
 
@@ -295,3 +299,15 @@ class ExternalDispatcher:
             log.error("dispatcher process did not stop; killing it (recovery will re-dispatch)")
             self.process.kill()
             self.process.join()
+        self._release()
+
+    def _release(self) -> None:
+        """Close this side's pipes and command queue once the process is gone, rather than leave their
+        descriptors to the garbage collector: a test process opens a store (and a dispatcher) per
+        test, and past 1,024 open descriptors ``select`` (py4j's callback server) fails."""
+        self._wake = _no_wake  # the descriptor number may be reused once closed: never write to it again
+        self._wake_conn.close()
+        self._commands.close()
+        self._commands.join_thread()
+        if self._done.is_set():  # the reader thread has returned
+            self._out.close()

@@ -83,7 +83,6 @@ def terminate_when_orphaned(poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
 
 
-
 def exit_without_teardown() -> None:
     """Called by a broker process's target once its work has ended cleanly: the process then ends as
     soon as Python's exit begins, without tearing the interpreter down.
