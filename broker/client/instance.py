@@ -191,12 +191,7 @@ class ClientInstance:
             asyncio.run_coroutine_threadsafe(self._remoting.close(), self._loop).result(10)
         except Exception:
             pass
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        if not self._thread.is_alive():
-            # uvloop's loop keeps its epoll, eventfd and io_uring descriptors until closed (the garbage
-            # collector does not close it): every producer or consumer closed without this leaked six
-            self._loop.close()
+        event_loop.stop_loop_thread(self._loop, self._thread)
 
 
 def session_credentials(access_key: str | None, secret_key: str | None,

@@ -12,6 +12,7 @@ Everything else in the project is plain asyncio and runs unchanged on either loo
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any, Coroutine, TypeVar
 
 import uvloop
@@ -27,3 +28,14 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """A new uvloop event loop (for a loop thread a synchronous facade drives)."""
     return uvloop.new_event_loop()
+
+
+def stop_loop_thread(loop: asyncio.AbstractEventLoop, thread: threading.Thread, timeout_s: float = 10.0) -> None:
+    """Stop a loop that ``thread`` runs (``run_forever``) and close it once the thread has ended.
+
+    Closing matters: uvloop's loop keeps its epoll, eventfd and io_uring descriptors until closed
+    (the garbage collector does not close it), five per loop."""
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout_s)
+    if not thread.is_alive():
+        loop.close()

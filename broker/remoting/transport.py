@@ -856,9 +856,7 @@ class SyncRemotingClient:
         try:
             self._call(self._client.close(), 10)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._loop.close()
+            event_loop.stop_loop_thread(self._loop, self._thread)
 
     def __enter__(self) -> SyncRemotingClient:
         return self
