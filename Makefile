@@ -10,12 +10,15 @@ DEMO_DELAY_LEVELS := 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+# pipelines/spark_python_path.py: Spark's Python processes import pyspark from site-packages (with its
+# bytecode cache) rather than compile it from Spark's zips at every start
+$(STAMP): pyproject.toml constraints.txt pipelines/spark_python_path.py
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 (e.g. 'apt-get install python3.11 python3.11-venv' or pyenv)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 	$(BIN)/python -m pip check
+	$(BIN)/python -m pipelines.spark_python_path install
 	@touch $(STAMP)
 
 java-check:
