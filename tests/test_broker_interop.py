@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.remoting import event_loop
 from broker.remoting.codes import RequestCode, ResponseCode
 from broker.store.config_files import (
     ConsumerOffsetTable,
@@ -319,8 +320,7 @@ def env(tmp_path_factory):
             ns_proc.wait(10)
         except subprocess.TimeoutExpired:
             ns_proc.kill()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
+        event_loop.stop_loop_thread(loop, thread, 5)
 
 
 def create_topic(env: Env, topic: str, queues: int) -> None:

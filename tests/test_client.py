@@ -187,7 +187,7 @@ def test_lookups_and_admin_requests(broker):
 def test_a_closed_client_instance_keeps_no_descriptor():
     """Each client object runs its own event loop (uvloop: an epoll, an eventfd and an io_uring
     descriptor among others), which the garbage collector never closes: close() must. A test
-    process that leaked six per producer passed 1,024 descriptors, where select() fails."""
+    process that leaked five per producer passed 1,024 descriptors, where select() fails."""
     import os
 
     from broker.client.instance import ClientInstance
