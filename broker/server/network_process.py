@@ -48,6 +48,9 @@ class NetworkFrontend:
         self._conn_ids: dict[int, Connection] = {}
         self._next_conn = 0
         self._waiters: dict[tuple[str, int], list[tuple[int, asyncio.Future]]] = {}
+        # the newest "grew" event per queue: (event number, max offset), and the events seen so far
+        self._grown: dict[tuple[str, int], tuple[int, int]] = {}
+        self._grow_events = 0
         from broker.server.ipc import IpcClient
 
         self.link = IpcClient(socket_path, self._on_event)
@@ -76,7 +79,9 @@ class NetworkFrontend:
 
     def _on_event(self, event) -> None:
         if event[0] == "grew":
+            self._grow_events += 1
             for topic, qid, max_offset in event[1]:
+                self._grown[(topic, qid)] = (self._grow_events, max_offset)
                 waiters = self._waiters.get((topic, qid))
                 if not waiters:
                     continue
@@ -115,6 +120,17 @@ class NetworkFrontend:
         except Exception as exc:
             log.debug("notify to %s failed: %s", conn.peer, exc)
 
+    def _grew_since(self, topic: str, qid: int, offset: int, events_before: int) -> bool:
+        """Whether a "grew" event read after event number ``events_before`` put the queue past
+        ``offset``. The store process answers a pull on one of its threads and reports growth on
+        another, so the event of a message stored just after the pull found nothing can be read
+        before the pull's suspend reply: parked then, the pull would wait for its whole timeout (a
+        push consumer's 15 s) with the message there. Only events newer than the request count: an
+        older one says nothing about what the pull saw (and a deleted and re-created topic's old
+        maximum would resume its pulls at once, for ever)."""
+        seen = self._grown.get((topic, qid))
+        return seen is not None and seen[0] > events_before and seen[1] > offset
+
     async def _park(self, topic: str, qid: int, offset: int, timeout_ms: int) -> None:
         fut = asyncio.get_running_loop().create_future()
         self._waiters.setdefault((topic, qid), []).append((offset, fut))
@@ -140,10 +156,12 @@ class NetworkFrontend:
         req = Request(code=cmd.code, ext=dict(cmd.ext_fields), body=cmd.body, channel=self._channel(conn),
                       peer=conn.peer, language=str(cmd.language), version=int(cmd.version or 0))
         try:
+            events_before = self._grow_events
             reply: Reply = await self.link.call(req)
             if reply.suspend is not None:
                 topic, qid, offset, timeout = reply.suspend
-                await self._park(topic, qid, offset, timeout)
+                if not self._grew_since(topic, qid, offset, events_before):
+                    await self._park(topic, qid, offset, timeout)
                 req.resumed = True
                 reply = await self.link.call(req)
         except ConnectionError:
