@@ -119,3 +119,28 @@ def test_round_trip_batches_a_turn_and_isolates_bad_requests(tmp_path, monkeypat
         asyncio.run(main())
     finally:
         server.close()
+
+
+def test_frames_larger_than_a_read_from_two_links_arrive_whole(tmp_path):
+    """The I/O thread reads every link into one buffer of READ_CHUNK bytes: a frame several reads
+    long, interleaved with another link's, must come out byte for byte."""
+    import broker.server.ipc as ipc
+
+    batches: list[list] = []
+    server, _ = _serve(tmp_path, batches, [])
+    server.start()
+    big = [bytes([i]) * (ipc.READ_CHUNK * 2 + 12_345 * i) for i in range(1, 4)]
+    try:
+        async def main():
+            clients = [IpcClient(server.path, lambda ev: None) for _ in range(2)]
+            for client in clients:
+                await client.connect()
+            calls = [client.call(("big", n, payload)) for n, payload in enumerate(big) for client in clients]
+            replies = await asyncio.gather(*calls)
+            assert replies == [("pool", ("big", n, payload)) for n, payload in enumerate(big) for _ in clients]
+            for client in clients:
+                await client.close()
+
+        asyncio.run(main())
+    finally:
+        server.close()

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">I")
 MAX_IPC_FRAME = 64 * 1024 * 1024
+READ_CHUNK = 1 << 20  # the most the store's I/O thread reads from one link at once
 
 
 def pack(kind: str, ident: int, payload: Any) -> bytes:
@@ -128,6 +129,11 @@ class IpcServer:
         self._stopping = False
         self._waiting_sends = 0  # read but not yet stored (GET_BROKER_RUNTIME_INFO's send queue size)
         self._selector = selectors.DefaultSelector()
+        # every link is read into this one buffer (one I/O thread reads them all): ``recv(n)`` made
+        # a new n-byte object per read, which malloc maps and unmaps at 1 MiB, and each munmap in
+        # this many-threaded process is a TLB shoot-down to the other cores
+        self._scratch = bytearray(READ_CHUNK)
+        self._scratch_view = memoryview(self._scratch)
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector.register(self._sock, selectors.EVENT_READ, None)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
@@ -172,13 +178,13 @@ class IpcServer:
     def _read(self, link: "_Link", sends: list) -> bool:
         """Take what the link has (it is readable, so this does not block); False at its end."""
         try:
-            data = link.sock.recv(1 << 20)
+            got = link.sock.recv_into(self._scratch)
         except OSError:
             return False
-        if not data:
+        if not got:
             return False
         buf = link.buf
-        buf += data
+        buf += self._scratch_view[:got]
         try:
             messages, pos = unpack_frames(buf)
         except ValueError as exc:
