@@ -46,6 +46,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from broker.server.launcher import live_group_pids, start_broker, start_namesrv  # noqa: E402
 from pipelines.ingest import app_id_for  # noqa: E402
+from pipelines.job_args import launch_conf_args  # noqa: E402
 from pipelines.lake import app_version, open_table  # noqa: E402
 from pipelines.stream import DEFAULT_TRIGGER_INTERVAL  # noqa: E402
 from schemas.messages import MESSAGES_TABLE  # noqa: E402
@@ -121,7 +122,7 @@ class StreamJob:
 
     def __init__(self, store: Path, lake: Path, checkpoint: Path, trigger: str, log: Path) -> None:
         self.log_path = log
-        cmd = [venv_bin("spark-submit"), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+        cmd = [venv_bin("spark-submit"), "--master", "local[2]", *launch_conf_args(), "--conf", "spark.ui.enabled=false",
                "--conf", "spark.ui.showConsoleProgress=false", str(REPO / "jobs" / "stream_commitlog.py"),
                "--store", f"{BROKER}={store}", "--lake", str(lake), "--checkpoint", str(checkpoint),
                "--trigger-interval", trigger]

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DEFAULT_BROKER_NAME = "broker-a"
-# Spark properties every spark-submit of a rocketlake job gets (one file, also read by the Makefile
-# and the Airflow DAGs, which cannot import this module)
+# Spark properties every spark-submit of a rocketlake job gets (the Makefile and the Airflow DAGs
+# get them from this module's command line: `python -m pipelines.job_args [--json]`)
 LAUNCH_CONF_FILE = Path(__file__).resolve().parents[1] / "jobs" / "spark-submit.conf"
 _BROKER_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -188,7 +188,7 @@ def job_session(app_name: str, master: str | None) -> Iterator["SparkSession"]:
             spark.stop()
 
 
-def launch_conf(path: Path = LAUNCH_CONF_FILE) -> dict[str, str]:
+def conf_file_settings(path: Path = LAUNCH_CONF_FILE) -> dict[str, str]:
     """The Spark properties of ``jobs/spark-submit.conf``: ``name value`` lines, ``#`` comments."""
     conf: dict[str, str] = {}
     for line in path.read_text().splitlines():
@@ -199,6 +199,39 @@ def launch_conf(path: Path = LAUNCH_CONF_FILE) -> dict[str, str]:
     return conf
 
 
+def launch_conf(path: Path = LAUNCH_CONF_FILE) -> dict[str, str]:
+    """What every launcher passes: :func:`conf_file_settings`, plus Spark's class archive of
+    this virtualenv when it has one (:mod:`pipelines.spark_cds`)."""
+    from pipelines import spark_cds
+
+    return {**conf_file_settings(path), **spark_cds.launch_conf()}
+
+
 def launch_conf_args(path: Path = LAUNCH_CONF_FILE) -> list[str]:
     """:func:`launch_conf` as ``spark-submit`` arguments (``--conf name=value`` each)."""
     return [arg for name, value in launch_conf(path).items() for arg in ("--conf", f"{name}={value}")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print :func:`launch_conf_args` for a shell (the Makefile's ``$(...)``; JSON for other callers)."""
+    import json
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m pipelines.job_args",
+                                 description="The Spark properties every rocketlake spark-submit passes.")
+    ap.add_argument("--json", action="store_true", help="print them as a JSON object instead of --conf arguments")
+    args = ap.parse_args(argv)
+    conf = launch_conf()
+    if args.json:
+        print(json.dumps(conf))
+        return 0
+    spaced = [name for name, value in conf.items() if any(c.isspace() for c in name + value)]
+    if spaced:  # a shell's $(...) would split them
+        print(f"error: {', '.join(spaced)} holds whitespace; pass it with --json instead", file=sys.stderr)
+        return 2
+    print(" ".join(launch_conf_args()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -30,7 +30,8 @@ import pytest
 from deltalake import DeltaTable
 
 from broker.client import Admin
-from pipelines import cluster as cl
+from pipelines import cluster as cl, spark_cds
+from pipelines.job_args import launch_conf_args
 from tests.broker_harness import REPO, free_port, start_broker, start_namesrv
 from tests.job_runner import run_job_in_process
 
@@ -76,7 +77,7 @@ def cluster(tmp_path_factory):
 
 
 def _submit(cwd: Path, log: Path, master_args: list[str], job: str, *args: str) -> str:
-    cmd = [str(Path(sys.executable).parent / "spark-submit"), *master_args,
+    cmd = [str(Path(sys.executable).parent / "spark-submit"), *master_args, *launch_conf_args(),
            "--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false",
            str(REPO / "jobs" / job), *args]
     with open(log, "ab") as err:
@@ -249,7 +250,12 @@ def test_the_work_ran_on_both_workers(cluster, runs):
         work = cluster.work_dir(worker)
         logs = list((work / ingest_apps[0]).glob("*/stderr"))
         assert len(logs) == 1, f"{worker}: executors of the ingest {logs}"
-        assert re.search(r"Executor: Running task", logs[0].read_text(errors="replace")), f"no task ran on {worker}"
+        text = logs[0].read_text(errors="replace")
+        assert re.search(r"Executor: Running task", text), f"no task ran on {worker}"
+        # the executor JVM got the class archive (pipelines.spark_cds) and mapped it without a word
+        command = next(line for line in text.splitlines() if line.startswith("Spark Executor Command:"))
+        assert f"-XX:SharedArchiveFile={spark_cds.archive_path()}" in command
+        assert "[cds" not in text
         # the project-less Python started inside this worker's executor directories
         assert any(Path(s).is_relative_to(work) for s in starts), f"no Python worker started under {work}"
 

@@ -480,31 +480,37 @@ def test_write_table_validates_arguments(spark, lake_dir):
 
 
 def test_launch_conf_is_what_every_launcher_passes():
-    """jobs/spark-submit.conf is the one place of the JVM options: the benchmarks (job_args), the
-    Makefile's SUBMIT and the Airflow DAGs' SparkSubmitOperator conf all read it."""
-    import ast
+    """jobs/spark-submit.conf plus the driver's class archive (pipelines.spark_cds) is what every
+    launcher passes: sessions and benchmarks (job_args), the Makefile's SUBMIT and the Airflow DAGs'
+    config task (both ask ``python -m pipelines.job_args``, the one reader of the file)."""
+    import json
     import subprocess
 
-    from pipelines.job_args import LAUNCH_CONF_FILE, launch_conf, launch_conf_args
+    from pipelines import spark_cds
+    from pipelines.job_args import LAUNCH_CONF_FILE, conf_file_settings, launch_conf, launch_conf_args
 
     repo = Path(__file__).resolve().parents[1]
     assert LAUNCH_CONF_FILE == repo / "jobs" / "spark-submit.conf"
-    expected = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
-                "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+    file_conf = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+                 "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+    assert conf_file_settings() == file_conf
+    archive = spark_cds.archive_path()
+    option = f"-XX:SharedArchiveFile={archive}"  # make venv built it
+    expected = {**file_conf, "spark.driver.defaultJavaOptions": option, "spark.executor.defaultJavaOptions": option}
     assert launch_conf() == expected
-    args = ["--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
-            "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1"]
+    args = [arg for name, value in expected.items() for arg in ("--conf", f"{name}={value}")]
     assert launch_conf_args() == args
-    make = subprocess.run(["make", "-s", "--eval", "print-launch: ; @echo $(SPARK_LAUNCH_CONF)", "print-launch"],
+    cli = subprocess.run([sys.executable, "-m", "pipelines.job_args", "--json"], cwd=repo, capture_output=True,
+                         text=True, check=True)
+    assert json.loads(cli.stdout) == expected
+    make = subprocess.run(["make", "-s", "--eval", "print-launch: ; @echo $(SUBMIT)", "print-launch"],
                           cwd=repo, capture_output=True, text=True, check=True)
-    assert make.stdout.split() == args
-    # the DAGs' copy of the reader (Airflow's Python cannot import pipelines), run on the same file
-    tasks = repo / "airflow_dags" / "rocketlake_airflow" / "tasks.py"
-    tree = ast.parse(tasks.read_text())
-    wanted = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "launch_conf"
-              or isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "LAUNCH_CONF_FILE" for t in node.targets)]
-    assert len(wanted) == 2
-    namespace = {"Path": Path, "__file__": str(tasks)}
-    exec(compile(ast.Module(body=wanted, type_ignores=[]), str(tasks), "exec"), namespace)
-    assert namespace["LAUNCH_CONF_FILE"] == LAUNCH_CONF_FILE
-    assert namespace["launch_conf"]() == expected
+    assert make.stdout.split()[-len(args):] == args
+    # the DAGs' config task (Airflow's Python cannot import pipelines: it runs the project's Python)
+    sys.path.insert(0, str(repo / "airflow_dags"))
+    try:
+        from rocketlake_airflow.config import Settings
+    finally:
+        sys.path.remove(str(repo / "airflow_dags"))
+    settings = Settings(str(repo), sys.executable, "/lake", (), "local[2]")
+    assert settings.spark_conf() == {"spark.ui.showConsoleProgress": "false", "spark.log.level": "WARN", **expected}

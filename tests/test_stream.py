@@ -36,7 +36,7 @@ from broker.store.record_layout import POS_PHYSICAL_OFFSET
 from broker.store.generate import GenerateSpec, generate_store
 from broker.store.message_id import decode_offset_msg_id
 from pipelines.ingest import app_id_for, ingest, ingest_store
-from pipelines.job_args import StoreSpec
+from pipelines.job_args import StoreSpec, launch_conf_args
 from pipelines.lake import app_version, scan_arrow
 from pipelines.sources.commitlog_stream import (
     CommitLogStreamReader,
@@ -324,7 +324,7 @@ class StreamJob:
     """``spark-submit jobs/stream_commitlog.py`` in its own process group; its log read as it is written."""
 
     def __init__(self, store: Path, lake: Path, checkpoint: Path, log: Path) -> None:
-        cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+        cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]", *launch_conf_args(),
                "--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false",
                str(REPO / "jobs" / "stream_commitlog.py"), "--store", f"{BROKER}={store}", "--lake", str(lake),
                "--checkpoint", str(checkpoint), "--trigger-interval", "1s", "--split-bytes", str(LIVE_SEGMENT // 2)]

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -210,9 +211,24 @@ class Settings:
         return {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", os.defpath),
                 "PYSPARK_PYTHON": self.python, "PYSPARK_DRIVER_PYTHON": self.python}
 
+    def spark_conf(self) -> dict[str, str]:
+        """The Spark properties of every job's ``spark-submit``: job output without Spark's INFO
+        chatter, and what every rocketlake launcher passes (``jobs/spark-submit.conf``'s JVM options,
+        Spark's class archive of the project's virtualenv), asked of the project's Python
+        (``python -m pipelines.job_args --json``): Airflow's Python cannot import the project."""
+        try:
+            out = subprocess.run([self.python, "-m", "pipelines.job_args", "--json"], cwd=self.home,
+                                 capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ConfigError(f"{self.python} -m pipelines.job_args: {exc}") from None
+        if out.returncode != 0:
+            raise ConfigError(f"{self.python} -m pipelines.job_args exited {out.returncode}: "
+                              f"{out.stderr.strip()[-500:]}")
+        return {"spark.ui.showConsoleProgress": "false", "spark.log.level": "WARN", **json.loads(out.stdout)}
+
     def as_dict(self) -> dict[str, Any]:
         return {"home": self.home, "python": self.python, "lake": self.lake, "stores": list(self.stores),
-                "master": self.master, "spark_env": self.spark_env}
+                "master": self.master, "spark_env": self.spark_env, "spark_conf": self.spark_conf()}
 
 
 def resolve(params: Mapping[str, Any] | None, *, need_stores: bool = True, need_master: bool = True) -> Settings:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -22,27 +21,6 @@ DEFAULT_ARGS: dict[str, Any] = {
     "retry_delay": timedelta(minutes=2),
     "execution_timeout": timedelta(minutes=30),
 }
-
-# the Spark properties every rocketlake spark-submit passes (JVM options): one file in the checkout
-# this DAG folder belongs to, read as the project's Makefile and benchmarks read it
-LAUNCH_CONF_FILE = Path(__file__).resolve().parents[2] / "jobs" / "spark-submit.conf"
-
-
-def launch_conf(path: Path = LAUNCH_CONF_FILE) -> dict[str, str]:
-    """``name value`` lines of ``jobs/spark-submit.conf`` (``#`` comments); the DAGs' Python cannot
-    import the project's ``pipelines.job_args.launch_conf``, which reads it the same way."""
-    conf: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            name, _, value = line.partition(" ")
-            conf[name] = value.strip()
-    return conf
-
-
-SPARK_CONF = {"spark.ui.showConsoleProgress": "false", "spark.log.level": "WARN",  # job output, not Spark INFO chatter
-              **launch_conf()}
-
 
 class SparkJobRetryPolicy(RetryPolicy):
     """Retry a failed ``spark-submit`` (a lost executor, a commit conflict, a broker down) unless the
@@ -80,8 +58,9 @@ BAD_ARGUMENTS = {2: "bad arguments or input (argparse, selection, target): a ret
 def spark_job(task_id: str, cfg, *, app_key: str | None = None, args_key: str | None = None,
               outlets: Iterable = (), hours: float = 2, retry_policy: RetryPolicy | None = None,
               **kwargs) -> SparkSubmitOperator:
-    """``spark-submit <home>/jobs/<file>.py <args>`` with the project's virtualenv, the application and
-    its arguments coming from the ``config`` task's XCom (``<task_id>_app``, ``<task_id>_args``)."""
+    """``spark-submit <home>/jobs/<file>.py <args>`` with the project's virtualenv, the application, its
+    arguments and the Spark properties coming from the ``config`` task's XCom (``<task_id>_app``,
+    ``<task_id>_args``, ``spark_conf``)."""
     if not 0 < hours < MAX_JOB_HOURS + 1e-9:
         raise ValueError(f"{task_id}: a job may run at most {MAX_JOB_HOURS} h (below the VACUUM retention floor)")
     return SparkSubmitOperator(
@@ -90,7 +69,7 @@ def spark_job(task_id: str, cfg, *, app_key: str | None = None, args_key: str | 
         application=cfg[app_key or f"{task_id}_app"],
         application_args=cfg[args_key or f"{task_id}_args"],
         env_vars=cfg["spark_env"],
-        conf=dict(SPARK_CONF),
+        conf=cfg["spark_conf"],
         name=f"rocketlake-{task_id}",
         outlets=list(outlets),
         execution_timeout=timedelta(hours=hours),

@@ -5,6 +5,7 @@ dry run."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 
@@ -67,6 +68,11 @@ def test_ingest_writes_the_tables_and_emits_one_asset_per_table_then_reports_run
     assert events["rocketlake.messages"]["marks"]["broker-a"][0] is None  # from nothing to the store's end
     assert "rocketlake_reports" in queued_by_assets(env)  # the Assets schedule the reports DAG
     assert "ingest broker-a: offsets [0," in out
+    # spark-submit got what every rocketlake launcher passes (JVM options, the class archive)
+    launch = subprocess.run([str(PROJECT_PYTHON), "-m", "pipelines.job_args", "--json"], capture_output=True,
+                            text=True, check=True)
+    for name, value in json.loads(launch.stdout).items():
+        assert f"--conf {name}={value}" in out
 
     run_id, out = run_ok(world, "rocketlake_reports")
     assert set(task_states(env, "rocketlake_reports", run_id).values()) == {"success"}
