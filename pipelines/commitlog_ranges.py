@@ -60,7 +60,10 @@ log = logging.getLogger(__name__)
 # The longest record a broker with the default maxMessageSize writes (body limit plus header, topic
 # and properties): a range reads this much past its end so that its last record is complete.
 MAX_RECORD_BYTES = DEFAULT_MAX_MESSAGE_SIZE + MAX_RECORD_OVERHEAD
-WALK_WINDOW_BYTES = 64 * 1024 * 1024  # a findings walk reads a segment in windows of this size
+# A findings walk reads a segment in windows of this size. The walk touches one line per record of
+# what was just read, and finds it still cached when the window is small: 4 GiB walked in 1.1-1.2
+# CPU-s with 16 MiB windows against 1.4-1.6 with 64 MiB (the walk itself 0.21 against 0.45 s).
+WALK_WINDOW_BYTES = 16 * 1024 * 1024
 END_WINDOW_BYTES = 1024 * 1024  # commitlog_end starts with this window (most runs end inside it)
 _HEADER_PROBE = POS_PHYSICAL_OFFSET + 8  # bytes a record-start check reads
 _ZERO_CHECK_BYTES = 8 * 1024 * 1024

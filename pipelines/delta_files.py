@@ -107,6 +107,9 @@ def dictionary_columns(sample: pa.Table) -> list[str]:
         column = sample.column(f.name)
         array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
         for path, values in _leaf_values(array, f.name):
+            if pa.types.is_dictionary(values.type):  # encoded already (a task's constant)
+                wanted.append(path)
+                continue
             if not _is_string(values.type):
                 continue
             n = len(values) - values.null_count
@@ -190,15 +193,17 @@ def split_by_partition(table: pa.Table, partition_by: list[str]) -> Iterator[tup
         yield [partition_value_string(row[c]) for c in partition_by], table.filter(mask)
 
 
-def keep_views(target: pa.Schema, actual: pa.Schema) -> pa.Schema:
-    """``target`` with each ``binary``/``string`` field that arrives as its ``*_view`` type kept
-    as the view: casting a view column to the plain type copies every value, and Parquet stores
-    both types as the same column."""
+def keep_encodings(target: pa.Schema, actual: pa.Schema) -> pa.Schema:
+    """``target`` with each ``binary``/``string`` field that arrives as its ``*_view`` type, and each
+    ``string`` field that arrives dictionary-encoded, kept that way: casting to the plain type
+    copies every value, and Parquet stores all of them as the same column (a dictionary array is
+    written as its dictionary and indices, without hashing every value)."""
     fields = []
     for f in target:
         got = actual.field(f.name).type
         if (pa.types.is_binary(f.type) and pa.types.is_binary_view(got)) or \
-                (pa.types.is_string(f.type) and pa.types.is_string_view(got)):
+                (pa.types.is_string(f.type) and pa.types.is_string_view(got)) or \
+                (pa.types.is_string(f.type) and pa.types.is_dictionary(got) and got.value_type == f.type):
             f = f.with_type(got)
         fields.append(f)
     return pa.schema(fields, metadata=target.metadata)
@@ -416,7 +421,7 @@ class FileSetWriter:
         if table.num_rows == 0:
             return
         table = table.select(self.schema.names)
-        table = table.cast(keep_views(self.schema, table.schema))
+        table = table.cast(keep_encodings(self.schema, table.schema))
         for values, piece in split_by_partition(table, self.partition_by):
             key = tuple(values)
             file = self.open_files.get(key)

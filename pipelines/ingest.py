@@ -49,6 +49,7 @@ from pipelines.partition_writer import FanOutWrite, PartitionJob, RowsCollect, T
 from pipelines.payloads.declarations import Declarations, declarations_location, load_declarations
 from pipelines.payloads.reader import PayloadReader, payload_outputs
 from pipelines.sources import register_sources
+from pipelines.sources.options import DIRECT_WRITE_OPTION
 from pipelines.sources.rocketmq import (
     CommitLogFindingsReader,
     CommitLogSplit,
@@ -235,14 +236,15 @@ def _write_direct(spark, plan: _RunPlan, record: Callable[[str, Callable], None]
     spec, marks = plan.spec, plan.marks
     writes = []
     if plan.end > marks[MESSAGES_TABLE]:
-        writes.append(TableWrite(RocketMQDataSource({**plan.messages_options, "bodyView": "true"}).reader(None),
+        writes.append(TableWrite(RocketMQDataSource({**plan.messages_options, DIRECT_WRITE_OPTION: "true"}).reader(None),
                                  plan.lake, MESSAGES_TABLE, MESSAGES.schema, list(MESSAGES.partition_by),
                                  plan.app_id, plan.end, ("commitlog_offset", marks[MESSAGES_TABLE], plan.end),
                                  f"ingest {spec.name} {MESSAGES_TABLE}", order=_split_order))
     for contract, source in _QUEUE_SOURCES:
         lo = marks[contract.name]
         if plan.cq_end > lo:  # fromOffset: the index reader skips files wholly below the mark
-            writes.append(TableWrite(source({**plan.base_options, "fromOffset": str(lo)}).reader(None), plan.lake,
+            writes.append(TableWrite(source({**plan.base_options, "fromOffset": str(lo), DIRECT_WRITE_OPTION: "true"})
+                                     .reader(None), plan.lake,
                                      contract.name,
                                      contract.schema, list(contract.partition_by), plan.app_id, plan.cq_end,
                                      ("commitlog_offset", lo, plan.cq_end), f"ingest {spec.name} {contract.name}"))

@@ -542,3 +542,43 @@ def test_consume_queue_reader_skips_files_wholly_below_from_offset(tmp_path):
     kept = rows(ConsumeQueueReader({**options, "fromOffset": str(lo)}))
     assert kept == everything[300:]  # files before unit 300 skipped, that file read whole
     assert [u for u in kept if u[1] >= lo] == [u for u in everything if u[1] >= lo]
+
+
+@pytest.mark.parametrize("kind", ["messages", "consume_queue", "index_entries"])
+def test_direct_write_encodings_give_the_same_files(tmp_path, golden_store, kind):
+    """``directWrite``: bodies arrive as views and a task's constant strings as one-entry
+    dictionaries; the Parquet files written from them hold the same values, schema and ``add``
+    statistics as files written from the declared types."""
+    import pyarrow.parquet as pq
+
+    from pipelines.delta_files import FileSetWriter
+    from pipelines.sources.options import DIRECT_WRITE_OPTION
+    from pipelines.sources.rocketmq import ConsumeQueueReader, IndexReader, store_source_options
+    from schemas.messages import MESSAGES
+    from schemas.tables import CONSUME_QUEUE, INDEX_ENTRIES
+
+    contract, reader_class, constants = {
+        "messages": (MESSAGES, RocketMQReader, ["broker_name", "segment_file", "ingest_run_id"]),
+        "consume_queue": (CONSUME_QUEUE, ConsumeQueueReader, ["broker_name", "topic"]),
+        "index_entries": (INDEX_ENTRIES, IndexReader, ["broker_name", "index_file"]),
+    }[kind]
+    options = {**store_source_options(Location.parse(str(golden_store))), "brokerName": "broker-b",
+               "ingestRunId": "run-1", "splitBytes": "300000"}
+    written = {}
+    for direct in (False, True):
+        reader = reader_class({**options, DIRECT_WRITE_OPTION: str(direct).lower()})
+        lake = tmp_path / str(direct)
+        infos, types = [], set()
+        for i, part in enumerate(reader.partitions()):
+            files = FileSetWriter(Location.parse(str(lake)), contract.schema, list(contract.partition_by), f"p{i}")
+            for batch in reader.read(part):
+                types |= {str(batch.schema.field(c).type) for c in constants}
+                files.write(pa.Table.from_batches([batch]))
+            infos += files.close()
+        assert types == ({"dictionary<values=string, indices=int32, ordered=0>"} if direct else {"string"})
+        written[direct] = (sorted((i.path, i.num_records, i.partition_values, i.stats) for i in infos),
+                           [pq.read_table(lake / i.path) for i in sorted(infos, key=lambda i: i.path)])
+    (plain_adds, plain_files), (direct_adds, direct_files) = written[False], written[True]
+    assert direct_adds == plain_adds and sum(a[1] for a in plain_adds) > 0
+    for got, want in zip(direct_files, plain_files, strict=True):
+        assert got.schema == want.schema and got.equals(want)

@@ -44,7 +44,10 @@ def _spans(a, starts, lengths, entry_sep, name_sep):  # pragma: no cover (compil
 
     One pass, each record's entries copied out while its bytes are in cache: the records lie
     about a kilobyte apart, so every pass over them costs a cache miss per line (a second pass to
-    copy doubled the time); duplicates, rare, are compacted afterwards from the copies."""
+    copy doubled the time); duplicates, rare, are compacted afterwards from the copies. Each byte
+    is looked at once, copied as it is scanned: scanning an entry for its separators and then
+    copying its name and value took ~60 % longer (62 -> 29 ms per 128 MiB split of 1 KiB
+    messages, ~110 bytes of properties each)."""
     n = starts.shape[0]
     cap = 0
     total = 0
@@ -62,50 +65,62 @@ def _spans(a, starts, lengths, entry_sep, name_sep):  # pragma: no cover (compil
     k = 0
     no = 0  # bytes written to names
     vo = 0
-    high = 0  # OR of every byte copied: ASCII when < 128
     any_dropped = False
     for i in range(n):
         first = k
-        item = starts[i]
-        stop = item + lengths[i]
-        while item <= stop:
-            end = item
-            sep = -1
-            while end < stop and a[end] != entry_sep:
-                if sep < 0 and a[end] == name_sep:
-                    sep = end
-                end += 1
-            if item < sep < end - 1:
-                nl = sep - item
-                for j in range(first, k):  # an earlier entry of this name is overwritten
-                    if dropped[j] or name_offsets[j + 1] - name_offsets[j] != nl:
-                        continue
-                    q = name_offsets[j]
-                    same = True
-                    for b in range(nl):
-                        if names[q + b] != a[item + b]:
-                            same = False
-                            break
-                    if same:
-                        dropped[j] = True
-                        any_dropped = True
-                        break  # at most one earlier copy is still kept
+        p = starts[i]
+        stop = p + lengths[i]
+        while p <= stop:
+            # the name is copied while it is scanned, up to the first name separator
+            n0 = no
+            while p < stop:
+                c = a[p]
+                if c == name_sep or c == entry_sep:
+                    break
+                names[no] = c
+                no += 1
+                p += 1
+            if p >= stop or a[p] == entry_sep:  # no name separator: not an entry
+                no = n0
+                p += 1
+                continue
+            p += 1
+            v0 = vo  # the value: everything up to the entry separator, 0x01 included
+            while p < stop:
+                c = a[p]
+                if c == entry_sep:
+                    break
+                values[vo] = c
+                vo += 1
+                p += 1
+            p += 1
+            nl = no - n0
+            if nl == 0 or vo == v0:  # an empty name or value: no entry, overwrites nothing
+                no = n0
+                vo = v0
+                continue
+            for j in range(first, k):  # an earlier entry of this name is overwritten
+                if dropped[j] or name_offsets[j + 1] - name_offsets[j] != nl:
+                    continue
+                q = name_offsets[j]
+                same = True
                 for b in range(nl):
-                    c = a[item + b]
-                    names[no + b] = c
-                    high |= c
-                no += nl
-                vl = end - sep - 1
-                for b in range(vl):
-                    c = a[sep + 1 + b]
-                    values[vo + b] = c
-                    high |= c
-                vo += vl
-                rec[k] = i
-                k += 1
-                name_offsets[k] = no
-                value_offsets[k] = vo
-            item = end + 1
+                    if names[q + b] != names[n0 + b]:
+                        same = False
+                        break
+                if same:
+                    dropped[j] = True
+                    any_dropped = True
+                    break  # at most one earlier copy is still kept
+            rec[k] = i
+            k += 1
+            name_offsets[k] = no
+            value_offsets[k] = vo
+    high = 0  # OR of every byte kept: ASCII when < 128 (a separate loop, which LLVM vectorises)
+    for b in range(no):
+        high |= names[b]
+    for b in range(vo):
+        high |= values[b]
     if not any_dropped:
         return rec[:k].copy(), name_offsets[:k + 1].copy(), names[:no].copy(), value_offsets[:k + 1].copy(), \
             values[:vo].copy(), high < 128

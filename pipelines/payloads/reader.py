@@ -22,6 +22,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from pipelines.payloads.declarations import Declarations
 from pipelines.payloads.rows import payload_batches, payload_outputs
+from pipelines.sources.options import DIRECT_WRITE_OPTION
 from pipelines.sources.rocketmq import RocketMQReader
 
 __all__ = ["PayloadReader", "payload_outputs"]
@@ -35,7 +36,7 @@ class PayloadReader(DataSourceReader):
         self.declarations = declarations
         # bodies as plain binary: Arrow has no take/filter kernel for binary_view, and the decoder only
         # builds the bodies of declared topics' records anyway
-        self.messages = RocketMQReader({**options, "bodyView": "false"})
+        self.messages = RocketMQReader({**options, DIRECT_WRITE_OPTION: "false"})
         # the decoder keeps only records stored in (or delivered to) a declared topic; payload_batches
         # then keeps the stored ones (no declared topic: same splits, read() yields nothing)
         if len(declarations):

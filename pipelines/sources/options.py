@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+# Reader option of the store sources: the batches go straight into this project's Parquet writer
+# (pipelines.partition_writer), not to Spark. The reader may then hand columns in the encodings
+# Parquet stores as the declared plain type without a copy: bodies as binary_view into the split's
+# read buffer, a task's constant strings (broker, file, run id) as one-entry dictionaries. Spark
+# itself needs the declared types exactly, so a DataFrame read never sets it.
+DIRECT_WRITE_OPTION = "directWrite"
+
 
 def opt_int(options, name: str, default: int | None, source: str = "") -> int | None:
     """An integer option; blank or absent: ``default``; anything else is a ValueError naming it."""

@@ -71,18 +71,18 @@ from pyspark.sql.datasource import (
 from broker.store.columnar import DecodeFilter, DecodeStats
 from broker.store.constants import CONSUME_QUEUE_EXT_DIR, PROPERTY_DLQ_ORIGIN_MESSAGE_ID, PROPERTY_ORIGIN_MESSAGE_ID
 from broker.store.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
-from schemas.messages import MESSAGES_SCHEMA, RECORD_SCHEMA, body_as_view
+from schemas.messages import MESSAGES_SCHEMA, RECORD_SCHEMA
 from schemas.spark import spark_ddl
 from schemas.tables import CONSUME_QUEUE_SCHEMA, CORRUPT_RECORDS_SCHEMA, INDEX_ENTRIES_SCHEMA
 from pipelines.commitlog_ranges import SegmentFile, decode_range, segment_files, walk_range
-from pipelines.sources.options import opt_bool, opt_int
+from pipelines.sources.options import DIRECT_WRITE_OPTION, opt_bool, opt_int
 from pipelines.storage import Location, StorageError, location_from_source_options, source_options
 from pipelines.store_files import StoreFile, StoreFiles
 
 DEFAULT_BROKER_NAME = "broker-a"
 DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024
 _TS_US_UTC = pa.timestamp("us", tz="UTC")
-_MESSAGES_SCHEMA_BODY_VIEW = body_as_view(MESSAGES_SCHEMA)
+_MS_PER_DAY = 86_400_000
 # messages columns the reader always fills (IS NOT NULL on them is answered without Spark)
 NEVER_NULL = frozenset(RECORD_SCHEMA.names) - {"tags", "uniq_key"} | {
     "born_time", "store_time", "broker_name", "store_date", "segment_file", "is_retry", "is_dlq"}
@@ -269,15 +269,38 @@ def _splits_for(segments: list[SegmentFile], split_bytes: int, lo: int | None, h
     return out
 
 
-def _constant(value: str | None, n: int) -> pa.Array:
+def _constant(value: str | None, n: int, encoded: bool = False) -> pa.Array:
+    """``value`` repeated ``n`` times; ``encoded``: as a one-entry dictionary (see
+    :data:`~pipelines.sources.options.DIRECT_WRITE_OPTION`), which costs nothing to build and lets
+    Parquet write the indices instead of hashing ``n`` copies (a quarter of writing the index
+    entries table, 2.5 million rows per GiB of 1 KiB messages)."""
     if value is None:
         return pa.nulls(n, pa.string())
+    if encoded:
+        return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value], pa.string()))
     return pa.repeat(pa.scalar(value, pa.string()), n)
 
 
+def _utc_dates(epoch_ms: pa.Array, times: pa.Array) -> pa.Array:
+    """The UTC date of each epoch-millisecond time: a floor division, where Arrow's cast of a
+    zoned timestamp to date32 goes through the time zone (a sixth of the derived columns' time)."""
+    if epoch_ms.null_count:
+        return pc.cast(times, pa.date32())
+    return pa.array(np.floor_divide(np.asarray(epoch_ms), _MS_PER_DAY).astype(np.int32), pa.date32())
+
+
+def _batch(arrays: list[pa.Array], schema: pa.Schema, encoded: bool) -> pa.RecordBatch:
+    """``schema``'s batch; ``encoded`` arrays keep their own types (views, dictionaries), which the
+    direct writer's cast to the table schema keeps too (:func:`pipelines.delta_files.keep_encodings`)."""
+    if encoded:
+        return pa.RecordBatch.from_arrays(arrays, names=schema.names)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
 def lake_columns(batch: pa.RecordBatch, broker_name: str, segment_file: str,
-                 ingest_run_id: str | None) -> pa.RecordBatch:
-    """A RECORD_SCHEMA batch → a MESSAGES_SCHEMA batch (derived columns, all vectorised)."""
+                 ingest_run_id: str | None, encoded: bool = False) -> pa.RecordBatch:
+    """A RECORD_SCHEMA batch → a MESSAGES_SCHEMA batch (derived columns, all vectorised).
+    ``encoded``: the per-task constants as dictionaries (for the direct Parquet writer only)."""
     n = batch.num_rows
     born_ms = batch.column("born_timestamp")
     store_ms = batch.column("store_timestamp")
@@ -286,26 +309,32 @@ def lake_columns(batch: pa.RecordBatch, broker_name: str, segment_file: str,
     is_retry = pc.starts_with(topic, RETRY_GROUP_TOPIC_PREFIX)
     is_dlq = pc.starts_with(topic, DLQ_GROUP_TOPIC_PREFIX)
     null_str = pa.scalar(None, pa.string())
-    group = pc.if_else(is_retry, pc.utf8_slice_codeunits(topic, len(RETRY_GROUP_TOPIC_PREFIX)),
-                       pc.if_else(is_dlq, pc.utf8_slice_codeunits(topic, len(DLQ_GROUP_TOPIC_PREFIX)), null_str))
-    origin = pc.coalesce(pc.map_lookup(props, PROPERTY_ORIGIN_MESSAGE_ID, "first"),
-                         pc.map_lookup(props, PROPERTY_DLQ_ORIGIN_MESSAGE_ID, "first"))
+    if pc.any(pc.or_(is_retry, is_dlq)).as_py():  # most batches hold neither: skip two slices of every topic
+        group = pc.if_else(is_retry, pc.utf8_slice_codeunits(topic, len(RETRY_GROUP_TOPIC_PREFIX)),
+                           pc.if_else(is_dlq, pc.utf8_slice_codeunits(topic, len(DLQ_GROUP_TOPIC_PREFIX)), null_str))
+    else:
+        group = pa.nulls(n, pa.string())
+    keys = props.keys  # every map's keys (of a sliced batch: a superset), checked once before two lookups
+    if pc.any(pc.or_(pc.equal(keys, PROPERTY_ORIGIN_MESSAGE_ID), pc.equal(keys, PROPERTY_DLQ_ORIGIN_MESSAGE_ID))).as_py():
+        origin = pc.coalesce(pc.map_lookup(props, PROPERTY_ORIGIN_MESSAGE_ID, "first"),
+                             pc.map_lookup(props, PROPERTY_DLQ_ORIGIN_MESSAGE_ID, "first"))
+    else:  # most batches: no retried or dead-lettered copy in them
+        origin = pa.nulls(n, pa.string())
     store_time = pc.multiply(store_ms, 1000).view(_TS_US_UTC)
     extra = {
         "born_time": pc.multiply(born_ms, 1000).view(_TS_US_UTC),
         "store_time": store_time,
-        "broker_name": _constant(broker_name, n),
-        "store_date": pc.cast(store_time, pa.date32()),
-        "segment_file": _constant(segment_file, n),
-        "ingest_run_id": _constant(ingest_run_id, n),
+        "broker_name": _constant(broker_name, n, encoded),
+        "store_date": _utc_dates(store_ms, store_time),
+        "segment_file": _constant(segment_file, n, encoded),
+        "ingest_run_id": _constant(ingest_run_id, n, encoded),
         "is_retry": is_retry,
         "is_dlq": is_dlq,
         "consumer_group": group,
         "origin_msg_id": origin,
     }
     arrays = list(batch.columns) + [extra[f.name] for f in MESSAGES_SCHEMA if f.name not in RECORD_SCHEMA.names]
-    view = pa.types.is_binary_view(batch.schema.field("body").type)
-    return pa.RecordBatch.from_arrays(arrays, schema=_MESSAGES_SCHEMA_BODY_VIEW if view else MESSAGES_SCHEMA)
+    return _batch(arrays, MESSAGES_SCHEMA, encoded or pa.types.is_binary_view(batch.schema.field("body").type))
 
 
 class RocketMQReader(DataSourceReader):
@@ -320,9 +349,7 @@ class RocketMQReader(DataSourceReader):
         self.segment_size = opt_int(options, "segmentSize", None)
         self.ingest_run_id = options.get("ingestRunId")
         self.verify_crc = opt_bool(options, "verifyCrc", True)
-        # bodies as binary_view into the split's read buffer (no copy): only for Python consumers of
-        # read() such as pipelines.partition_writer; Spark itself needs the declared BINARY type
-        self.body_view = opt_bool(options, "bodyView", False)
+        self.direct_write = opt_bool(options, DIRECT_WRITE_OPTION, False)
         # Off unless asked for: PySpark 4.2.0 keeps the reader planned for a pushed-down query on
         # the DataFrame and reuses it for later queries on the same DataFrame (wrong row counts).
         # Jobs that build a fresh DataFrame per query turn it on with .option("pushFilters", "true").
@@ -376,8 +403,8 @@ class RocketMQReader(DataSourceReader):
         return self._read_split(partition)
 
     def _read_split(self, split: CommitLogSplit) -> Iterator[pa.RecordBatch]:
-        for batch in decode_split(split, self.pushed, verify_crc=self.verify_crc, body_view=self.body_view):
-            yield lake_columns(batch, self.broker_name, split.file_name, self.ingest_run_id)
+        for batch in decode_split(split, self.pushed, verify_crc=self.verify_crc, body_view=self.direct_write):
+            yield lake_columns(batch, self.broker_name, split.file_name, self.ingest_run_id, self.direct_write)
 
 
 def decode_split(split: CommitLogSplit, pushed: PushedFilters | None = None, *, verify_crc: bool = True,
@@ -435,6 +462,7 @@ class ConsumeQueueReader(DataSourceReader):
         self.location = store_location(options)
         self.broker_name = options.get("brokerName") or DEFAULT_BROKER_NAME
         self.from_offset = opt_int(options, "fromOffset", 0)
+        self.direct_write = opt_bool(options, DIRECT_WRITE_OPTION, False)
         self.store: StoreFiles | None = None
 
     def partitions(self) -> list[InputPartition]:
@@ -472,15 +500,16 @@ class ConsumeQueueReader(DataSourceReader):
         n = len(units)
         if n == 0:
             return
-        yield pa.RecordBatch.from_arrays([
-            _constant(self.broker_name, n),
-            _constant(part.topic, n),
+        arrays = [
+            _constant(self.broker_name, n, self.direct_write),
+            _constant(part.topic, n, self.direct_write),
             pa.repeat(pa.scalar(part.queue_id, pa.int32()), n),
             pa.array(units["logical_offset"]),
             pa.array(units["commitlog_offset"]),
             pa.array(units["size"]),
             pa.array(units["tags_code"]),
-        ], schema=CONSUME_QUEUE_SCHEMA)
+        ]
+        yield _batch(arrays, CONSUME_QUEUE_SCHEMA, self.direct_write)
 
 
 class RocketMQConsumeQueueDataSource(DataSource):
@@ -519,6 +548,7 @@ class IndexReader(DataSourceReader):
         self.location = store_location(options)
         self.broker_name = options.get("brokerName") or DEFAULT_BROKER_NAME
         self.from_offset = opt_int(options, "fromOffset", 0)
+        self.direct_write = opt_bool(options, DIRECT_WRITE_OPTION, False)
 
     def partitions(self) -> list[InputPartition]:
         store = StoreFiles(self.location)
@@ -539,14 +569,14 @@ class IndexReader(DataSourceReader):
         for header, rows in StoreFiles(self.location).iter_index_entries(part.file_name, geometry):
             n = len(rows)
             time_diff = pa.array(rows["time_diff"].astype(np.int64))
-            yield pa.RecordBatch.from_arrays([
-                _constant(self.broker_name, n),
-                _constant(part.file_name, n),
+            yield _batch([
+                _constant(self.broker_name, n, self.direct_write),
+                _constant(part.file_name, n, self.direct_write),
                 pa.array(rows["key_hash"].astype(np.int32)),
                 pa.array(rows["phy_offset"].astype(np.int64)),
                 pc.add(pc.multiply(time_diff, 1000), header.begin_timestamp),
                 pa.array(rows["prev_index"].astype(np.int32)),
-            ], schema=INDEX_ENTRIES_SCHEMA)
+            ], INDEX_ENTRIES_SCHEMA, self.direct_write)
 
 
 class RocketMQIndexDataSource(DataSource):
