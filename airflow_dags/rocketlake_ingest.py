@@ -26,7 +26,11 @@ from rocketlake_airflow.assets import INGEST_ASSETS, INGEST_TABLES
 from rocketlake_airflow.config import INGEST_EVERY, ConfigError, config_failure, resolve
 from rocketlake_airflow.tasks import DEFAULT_ARGS, in_project_python, ingest_marks, spark_job
 
-DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024  # pipelines.ingest.DEFAULT_SPLIT_BYTES
+
+def split_args(split_bytes: int | None) -> list[str]:
+    """``--split-bytes`` for a run that sets it; otherwise the job's own default applies (one place
+    holds it: ``pipelines.sources.options.DEFAULT_SPLIT_BYTES``, which this file cannot import)."""
+    return [] if split_bytes is None else ["--split-bytes", str(split_bytes)]
 
 
 @dag(
@@ -43,8 +47,8 @@ DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024  # pipelines.ingest.DEFAULT_SPLIT_BYTES
                         description="broker stores for this run, e.g. {\"broker-a\": \"/data/store\"} "
                                     "(default: Variable rocketlake_stores)"),
         "lake": Param(None, type=["null", "string"], description="lake directory (default: Variable rocketlake_lake)"),
-        "split_bytes": Param(DEFAULT_SPLIT_BYTES, type="integer", minimum=1024 * 1024,
-                             description="commitlog bytes per Spark task"),
+        "split_bytes": Param(None, type=["null", "integer"], minimum=1024 * 1024,
+                             description="commitlog bytes per Spark task (default: the ingest job's)"),
     },
 )
 def rocketlake_ingest():
@@ -59,7 +63,7 @@ def rocketlake_ingest():
         print(f"rocketlake_ingest: stores {', '.join(s.stores)} -> lake {s.lake} (master {s.master})")
         return {**s.as_dict(), "brokers": s.brokers, "ingest_app": s.job("ingest_commitlog.py"),
                 "ingest_args": [*s.store_args, "--lake", s.lake, "--master", s.master,
-                                "--split-bytes", str(params["split_bytes"])]}
+                                *split_args(params["split_bytes"])]}
 
     cfg = config()
     before = in_project_python("marks_before", cfg, ingest_marks, lake=cfg["lake"], tables=list(INGEST_TABLES),

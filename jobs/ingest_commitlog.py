@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ingest_commitlog.py", description=__doc__.split("\n\n")[0])
     add_store_lake_args(ap)
     ap.add_argument("--split-bytes", type=int, default=DEFAULT_SPLIT_BYTES,
-                    help="commitlog bytes per Spark task (default 128 MiB)")
+                    help=f"commitlog bytes per Spark task (default {DEFAULT_SPLIT_BYTES >> 20} MiB)")
     ap.add_argument("--until-offset", type=int, default=None, help="ingest only records starting before this offset")
     add_payload_schemas_arg(ap)
     add_stream_args(ap, follow=True)

@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_store_lake_args(ap)
     add_stream_args(ap)
     ap.add_argument("--split-bytes", type=int, default=DEFAULT_SPLIT_BYTES,
-                    help="commitlog bytes per Spark task (default 128 MiB)")
+                    help=f"commitlog bytes per Spark task (default {DEFAULT_SPLIT_BYTES >> 20} MiB)")
     add_payload_schemas_arg(ap)
     return ap
 

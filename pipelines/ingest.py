@@ -49,7 +49,7 @@ from pipelines.partition_writer import FanOutWrite, PartitionJob, RowsCollect, T
 from pipelines.payloads.declarations import Declarations, declarations_location, load_declarations
 from pipelines.payloads.reader import PayloadReader, payload_outputs
 from pipelines.sources import register_sources
-from pipelines.sources.options import DIRECT_WRITE_OPTION
+from pipelines.sources.options import DEFAULT_SPLIT_BYTES, DIRECT_WRITE_OPTION
 from pipelines.sources.rocketmq import (
     CommitLogFindingsReader,
     CommitLogSplit,
@@ -78,7 +78,6 @@ from schemas.tables import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024
 
 
 @dataclass

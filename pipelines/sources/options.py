@@ -9,6 +9,11 @@ from __future__ import annotations
 # itself needs the declared types exactly, so a DataFrame read never sets it.
 DIRECT_WRITE_OPTION = "directWrite"
 
+# Commitlog bytes per Spark task (the store sources' ``splitBytes``; the ingest and stream jobs'
+# ``--split-bytes``). Each task pays a fixed start (Spark launching the Python task, ~60-90 ms on two
+# cores) and the last one decides when a run ends; this size weighs the two.
+DEFAULT_SPLIT_BYTES = 256 * 1024 * 1024
+
 
 def opt_int(options, name: str, default: int | None, source: str = "") -> int | None:
     """An integer option; blank or absent: ``default``; anything else is a ValueError naming it."""

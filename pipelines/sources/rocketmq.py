@@ -7,7 +7,7 @@ Four formats, registered together by :func:`register_sources`:
 
         spark.read.format("rocketmq").option("brokerName", "broker-a").load("/data/store")
 
-    Options: ``brokerName`` (default ``broker-a``), ``splitBytes`` (default 128 MiB; every segment
+    Options: ``brokerName`` (default ``broker-a``), ``splitBytes`` (default 256 MiB; every segment
     is cut into byte ranges of this size, one Spark task each), ``fromOffset`` / ``untilOffset``
     (only records that *start* in ``[fromOffset, untilOffset)``), ``ingestRunId`` (the
     ``ingest_run_id`` column; null when not given), ``segmentSize`` (override the inferred
@@ -75,12 +75,11 @@ from schemas.messages import MESSAGES_SCHEMA, RECORD_SCHEMA
 from schemas.spark import spark_ddl
 from schemas.tables import CONSUME_QUEUE_SCHEMA, CORRUPT_RECORDS_SCHEMA, INDEX_ENTRIES_SCHEMA
 from pipelines.commitlog_ranges import SegmentFile, decode_range, segment_files, walk_range
-from pipelines.sources.options import DIRECT_WRITE_OPTION, opt_bool, opt_int
+from pipelines.sources.options import DEFAULT_SPLIT_BYTES, DIRECT_WRITE_OPTION, opt_bool, opt_int
 from pipelines.storage import Location, StorageError, location_from_source_options, source_options
 from pipelines.store_files import StoreFile, StoreFiles
 
 DEFAULT_BROKER_NAME = "broker-a"
-DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024
 _TS_US_UTC = pa.timestamp("us", tz="UTC")
 _MS_PER_DAY = 86_400_000
 # messages columns the reader always fills (IS NOT NULL on them is answered without Spark)

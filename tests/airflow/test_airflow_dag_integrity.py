@@ -69,7 +69,7 @@ def test_schedules_params_and_assets(dagbag):
     assert {"rocketlake.messages", "rocketlake.consume_queue"} <= scheduled_on <= outlets
     assert replay.params["dry_run"] is True  # default: plan only
     assert replay.params.get_param("run_id").schema["pattern"]
-    assert ingest.params["split_bytes"] == 128 * 1024 * 1024
+    assert ingest.params["split_bytes"] is None  # unset: the ingest job's own default applies
     assert lag.params["window"] == 10 and lag.params["stop_after_s"] == 600
     assert maintenance.params.get_param("retention_hours").schema["minimum"] == config.MIN_RETENTION_HOURS
 
