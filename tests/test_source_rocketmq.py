@@ -544,6 +544,34 @@ def test_consume_queue_reader_skips_files_wholly_below_from_offset(tmp_path):
     assert [u for u in kept if u[1] >= lo] == [u for u in everything if u[1] >= lo]
 
 
+def test_consume_queue_reader_yields_one_batch_per_queue_file(tmp_path):
+    """A queue is read one file's units at a time (a task's memory is bounded by the file size,
+    not the queue's length): 600 units in 50-unit files are 12 batches of 50, together exactly the
+    queue's units in order; from a ``fromOffset`` inside a file, that file's batch starts there."""
+    from broker.store.consume_queue import ConsumeQueue
+    from pipelines.sources.rocketmq import ConsumeQueueReader, store_source_options
+
+    store = tmp_path / "store"
+    generate_store(store, GenerateSpec(messages=600, body_bytes=64, topics=1, queues=1, segment_bytes=1 << 20,
+                                       cq_file_bytes=50 * 20, index_slots=100, index_entries=2000, seed=9,
+                                       special=False))
+    options = {**store_source_options(Location.parse(str(store))), "brokerName": "b"}
+    reader = ConsumeQueueReader(options)
+    [part] = [p for p in reader.partitions() if p.topic != "TBW102"]
+    batches = list(reader.read(part))
+    assert [b.num_rows for b in batches] == [50] * 12
+    with ConsumeQueue(store, part.topic, part.queue_id) as cq:
+        units = cq.units()
+    got = [(r["queue_offset"], r["commitlog_offset"], r["size"], r["tags_code"]) for b in batches for r in b.to_pylist()]
+    assert got == [(int(u["logical_offset"]), int(u["commitlog_offset"]), int(u["size"]), int(u["tags_code"]))
+                   for u in units]
+
+    from_offset = int(units["commitlog_offset"][320])
+    batches = list(ConsumeQueueReader({**options, "fromOffset": str(from_offset)}).read(part))
+    assert [b.num_rows for b in batches] == [50] * 6  # the files before unit 300 are skipped whole
+    assert batches[0].column("queue_offset")[0].as_py() == 300
+
+
 @pytest.mark.parametrize("kind", ["messages", "consume_queue", "index_entries"])
 def test_direct_write_encodings_give_the_same_files(tmp_path, golden_store, kind):
     """``directWrite``: bodies arrive as views and a task's constant strings as one-entry

@@ -69,7 +69,12 @@ from pyspark.sql.datasource import (
 )
 
 from broker.store.columnar import DecodeFilter, DecodeStats
-from broker.store.constants import CONSUME_QUEUE_EXT_DIR, PROPERTY_DLQ_ORIGIN_MESSAGE_ID, PROPERTY_ORIGIN_MESSAGE_ID
+from broker.store.constants import (
+    CONSUME_QUEUE_EXT_DIR,
+    CQ_STORE_UNIT_SIZE,
+    PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+)
 from broker.store.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from schemas.messages import MESSAGES_SCHEMA, RECORD_SCHEMA
 from schemas.spark import spark_ddl
@@ -487,28 +492,35 @@ class ConsumeQueueReader(DataSourceReader):
         return self._read(partition)
 
     def _read(self, part: QueuePartition) -> Iterator[pa.RecordBatch]:
+        """One batch per queue file's units: a task's memory is bounded by the file size, not by
+        the queue's length (one batch for the whole queue took ~270 MiB for a 2.6M-unit queue of
+        the 16 GiB benchmark store, four times what it took at 4 GiB)."""
         store = self.store or StoreFiles(self.location)
         cq = store.consume_queue(part.topic, part.queue_id, list(part.files),
                                  commitlog_min_offset=part.commitlog_min_offset)
         try:
             if self.from_offset > 0:
                 cq.skip_files_below(self.from_offset)
-            units = cq.units()
+            per_file = cq.file_size // CQ_STORE_UNIT_SIZE
+            start, end = cq.min_offset, cq.max_offset
+            while start < end:
+                stop = min(end, (start // per_file + 1) * per_file)
+                units = cq.units(start, stop)
+                start = stop
+                n = len(units)
+                if n == 0:
+                    continue
+                yield _batch([
+                    _constant(self.broker_name, n, self.direct_write),
+                    _constant(part.topic, n, self.direct_write),
+                    pa.repeat(pa.scalar(part.queue_id, pa.int32()), n),
+                    pa.array(units["logical_offset"]),
+                    pa.array(units["commitlog_offset"]),
+                    pa.array(units["size"]),
+                    pa.array(units["tags_code"]),
+                ], CONSUME_QUEUE_SCHEMA, self.direct_write)
         finally:
             cq.close()
-        n = len(units)
-        if n == 0:
-            return
-        arrays = [
-            _constant(self.broker_name, n, self.direct_write),
-            _constant(part.topic, n, self.direct_write),
-            pa.repeat(pa.scalar(part.queue_id, pa.int32()), n),
-            pa.array(units["logical_offset"]),
-            pa.array(units["commitlog_offset"]),
-            pa.array(units["size"]),
-            pa.array(units["tags_code"]),
-        ]
-        yield _batch(arrays, CONSUME_QUEUE_SCHEMA, self.direct_write)
 
 
 class RocketMQConsumeQueueDataSource(DataSource):
