@@ -79,7 +79,6 @@ from schemas.tables import (
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class RunSummary:
     run_id: str
