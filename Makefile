@@ -39,9 +39,10 @@ test: venv java-check
 	$(BIN)/python -m pytest -q --durations=25
 
 # the Spark properties every launcher passes (jobs/spark-submit.conf's JVM options and the driver's class
-# archive), as --conf arguments from pipelines.job_args, when a recipe runs
-SUBMIT = SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON=$(CURDIR)/$(BIN)/python $(BIN)/spark-submit --master 'local[2]' \
-	--conf spark.ui.showConsoleProgress=false $$($(BIN)/python -m pipelines.job_args)
+# archive), as --conf arguments from pipelines.job_args, when a recipe runs; shell-quoted (a JVM option
+# list holds spaces), hence the eval
+SUBMIT = eval "env SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON=$(CURDIR)/$(BIN)/python $(BIN)/spark-submit \
+	--master 'local[2]' --conf spark.ui.showConsoleProgress=false $$($(BIN)/python -m pipelines.job_args)"
 DEMO_STORE := --store broker-a=$(DEMO_DIR)/broker-store --lake $(DEMO_DIR)/lake
 
 demo: venv java-check

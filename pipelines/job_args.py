@@ -213,9 +213,10 @@ def launch_conf_args(path: Path = LAUNCH_CONF_FILE) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print :func:`launch_conf_args` for a shell (the Makefile's ``$(...)``; JSON for other callers)."""
+    """Print :func:`launch_conf_args` for a shell, quoted for ``eval`` (the Makefile's SUBMIT); JSON
+    for other callers."""
     import json
-    import sys
+    import shlex
 
     ap = argparse.ArgumentParser(prog="python -m pipelines.job_args",
                                  description="The Spark properties every rocketlake spark-submit passes.")
@@ -225,11 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(conf))
         return 0
-    spaced = [name for name, value in conf.items() if any(c.isspace() for c in name + value)]
-    if spaced:  # a shell's $(...) would split them
-        print(f"error: {', '.join(spaced)} holds whitespace; pass it with --json instead", file=sys.stderr)
-        return 2
-    print(" ".join(launch_conf_args()))
+    # shell-quoted: a JVM option list holds spaces, so a shell takes them with eval (the Makefile's SUBMIT)
+    print(shlex.join(launch_conf_args()))
     return 0
 
 

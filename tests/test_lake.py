@@ -479,11 +479,23 @@ def test_write_table_validates_arguments(spark, lake_dir):
         lake.write_table(df, lake_dir, "x", schema=pa.schema([("nope", pa.int64())]))
 
 
+def test_session_jvm_runs_c1_only_with_the_full_code_cache(spark):
+    """The session's JVM got the launch options: C1 only, and the tiered code cache (240 MiB) that
+    C1-only would shrink to 48 MiB. A long-lived driver (this test session, the SQL server, a
+    streaming ingest) filled the smaller one with generated code and died with "Out of space in
+    CodeCache" (a clean-clone run of the suite, 2026-11-29)."""
+    bean = spark._jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        spark._jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    assert bean.getVMOption("TieredStopAtLevel").getValue() == "1"
+    assert bean.getVMOption("ReservedCodeCacheSize").getValue() == str(240 * 1024 * 1024)
+
+
 def test_launch_conf_is_what_every_launcher_passes():
     """jobs/spark-submit.conf plus the driver's class archive (pipelines.spark_cds) is what every
     launcher passes: sessions and benchmarks (job_args), the Makefile's SUBMIT and the Airflow DAGs'
     config task (both ask ``python -m pipelines.job_args``, the one reader of the file)."""
     import json
+    import shlex
     import subprocess
 
     from pipelines import spark_cds
@@ -491,8 +503,8 @@ def test_launch_conf_is_what_every_launcher_passes():
 
     repo = Path(__file__).resolve().parents[1]
     assert LAUNCH_CONF_FILE == repo / "jobs" / "spark-submit.conf"
-    file_conf = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
-                 "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+    java_options = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+    file_conf = {"spark.driver.extraJavaOptions": java_options, "spark.executor.extraJavaOptions": java_options}
     assert conf_file_settings() == file_conf
     archive = spark_cds.archive_path()
     option = f"-XX:SharedArchiveFile={archive}"  # make venv built it
@@ -505,7 +517,7 @@ def test_launch_conf_is_what_every_launcher_passes():
     assert json.loads(cli.stdout) == expected
     make = subprocess.run(["make", "-s", "--eval", "print-launch: ; @echo $(SUBMIT)", "print-launch"],
                           cwd=repo, capture_output=True, text=True, check=True)
-    assert make.stdout.split()[-len(args):] == args
+    assert shlex.split(make.stdout)[-len(args):] == args  # quoted for the eval in SUBMIT
     # the DAGs' config task (Airflow's Python cannot import pipelines: it runs the project's Python)
     sys.path.insert(0, str(repo / "airflow_dags"))
     try:

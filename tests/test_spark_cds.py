@@ -97,10 +97,15 @@ def test_cli_conf_prints_the_launch_properties():
     assert json.loads(out.stdout) == spark_cds.launch_conf()
 
 
-def test_job_args_cli_refuses_properties_a_shell_would_split(monkeypatch, capsys):
-    monkeypatch.setattr(job_args, "launch_conf", lambda: {"spark.driver.extraJavaOptions": "-Xa -Xb"})
-    assert job_args.main([]) == 2
-    assert capsys.readouterr().err == ("error: spark.driver.extraJavaOptions holds whitespace; "
-                                       "pass it with --json instead\n")
+def test_job_args_cli_quotes_properties_for_a_shell(monkeypatch, capsys):
+    """A JVM option list holds spaces: the shell form is quoted, and ``eval`` (the Makefile's
+    SUBMIT) gets each ``--conf`` value back whole."""
+    monkeypatch.setattr(job_args, "launch_conf", lambda *_: {"spark.driver.extraJavaOptions": "-Xa -Xb"})
+    assert job_args.main([]) == 0
+    printed = capsys.readouterr().out
+    assert printed == "--conf 'spark.driver.extraJavaOptions=-Xa -Xb'\n"
+    evaluated = subprocess.run(["sh", "-c", f'eval "printf \'%s\\n\' {printed.strip()}"'], capture_output=True,
+                               text=True, check=True).stdout
+    assert evaluated.splitlines() == ["--conf", "spark.driver.extraJavaOptions=-Xa -Xb"]
     assert job_args.main(["--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"spark.driver.extraJavaOptions": "-Xa -Xb"}
