@@ -222,9 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                                  description="The Spark properties every rocketlake spark-submit passes.")
     ap.add_argument("--json", action="store_true", help="print them as a JSON object instead of --conf arguments")
     args = ap.parse_args(argv)
-    conf = launch_conf()
     if args.json:
-        print(json.dumps(conf))
+        print(json.dumps(launch_conf()))
         return 0
     # shell-quoted: a JVM option list holds spaces, so a shell takes them with eval (the Makefile's SUBMIT)
     print(shlex.join(launch_conf_args()))
