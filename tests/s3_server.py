@@ -19,15 +19,11 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
+from broker.server.launcher import free_port
+
 ACCESS_KEY = "rocketlake-test"
 SECRET_KEY = "rocketlake-test-secret"
 REGION = "us-east-1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -71,7 +67,7 @@ def start_s3_server() -> S3Server:
     exe = Path(sys.executable).with_name("moto_server")
     if not exe.exists():
         raise RuntimeError(f"{exe} not found: moto[server] is a test dependency (make venv installs it)")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"})
     deadline = time.monotonic() + 30

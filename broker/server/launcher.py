@@ -7,6 +7,7 @@ leave them running."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -39,10 +40,41 @@ def live_group_pids(pgid: int) -> list[int]:
     return sorted(pid for pid, state, _, group in iter_proc_stats() if group == pgid and state != "Z")
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PICKED_PORT = 10_000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands to outgoing connections and to ``bind(port 0)``."""
+    try:
+        low, high = (int(v) for v in EPHEMERAL_RANGE_FILE.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port that is free now and stays free until a server started soon after binds it.
+
+    A port taken with ``bind(port 0)`` comes from the kernel's ephemeral range, which every outgoing
+    connection of the machine draws from too: between the pick and the server's own bind, a Spark
+    executor's or a client's connect can take it (a clean-clone run lost the Spark master's bind
+    that way). So the pick is a random free port below that range, where only servers go."""
+    low, _ = _ephemeral_range()
+    if low - 1 <= LOWEST_PICKED_PORT:
+        with socket.socket() as s:  # no room below the range on this machine
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(LOWEST_PICKED_PORT, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free loopback port in {LOWEST_PICKED_PORT}-{low - 1} after 200 tries")
 
 
 def wait_port(port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from broker.server.launcher import free_port  # stdlib only: loads in .venv-airflow too
+
 REPO = Path(__file__).resolve().parents[2]
 DAGS = REPO / "airflow_dags"
 AIRFLOW = Path(sys.executable).parent / "airflow"
@@ -125,12 +127,6 @@ def lake_state(lake: Path) -> dict[str, dict]:
 
 
 # ---- a name server and a broker of the project, for the replay's target ------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
