@@ -3,8 +3,9 @@ a walk, the findings) a whole-segment read gives.
 
 Why: a Spark task that decodes ``[start, end)`` of a 1 GiB segment must not map or download the
 whole file (memory must stay flat in the store size, and a remote segment must not be fetched
-whole). A task reads ``[start, end + MAX_RECORD_BYTES)`` with ranged reads (``pread`` for a local
-file, ``readinto`` through ``pyarrow.fs`` for a URI: one ranged GET) and decodes it in place.
+whole). A task reads ``[start, end + MAX_RECORD_BYTES)`` with ranged reads (a local file's range is
+mapped when the page cache holds it and read with direct I/O when not, :mod:`pipelines.local_reads`;
+``readinto`` through ``pyarrow.fs`` for a URI: one ranged GET) and decodes it in place.
 
 How: the bytes from ``lo`` on are read into an anonymous map (:class:`RangeBuffer`) and the decoder
 is told that the segment starts at ``base + lo`` and is ``segment_size - lo`` long. Every rule of the
@@ -52,6 +53,7 @@ from broker.store.record_layout import POS_PHYSICAL_OFFSET
 from broker.store import findings as fk
 from broker.store.findings import Finding
 from broker.store.record_scan import ScanResult, is_record_start, scan_records
+from pipelines import local_reads
 from pipelines.storage import Location
 from pipelines.store_files import StoreFiles
 
@@ -113,18 +115,9 @@ def segment_files(store: StoreFiles, segment_size: int | None = None) -> tuple[l
 def _read_into(location: Location, view: memoryview, offset: int) -> int:
     """Fill ``view`` with the file's bytes from ``offset`` (ranged reads); returns bytes read
     (fewer at the end of the file)."""
+    if location.is_local:  # direct I/O where the range is not cached (pipelines.local_reads)
+        return local_reads.read_into(location.uri, view, offset)
     done, n = 0, len(view)
-    if location.is_local:
-        fd = os.open(location.uri, os.O_RDONLY)
-        try:
-            while done < n:
-                got = os.preadv(fd, [view[done:]], offset + done)
-                if got <= 0:
-                    break
-                done += got
-        finally:
-            os.close(fd)
-        return done
     fs, path = location.filesystem()
     with fs.open_input_file(path) as fh:
         fh.seek(offset)
@@ -177,20 +170,35 @@ def _release(m: _Map) -> None:
         pass
 
 
+def _cached(seg: SegmentFile, lo: int, hi: int) -> bool:
+    """Whether the page cache holds bytes ``[lo, hi)`` of a local segment (see :func:`local_reads.is_cached`)."""
+    if hi <= lo:
+        return True
+    fd = os.open(seg.location.uri, os.O_RDONLY)
+    try:
+        return local_reads.is_cached(fd, lo, hi - lo)
+    finally:
+        os.close(fd)
+
+
 class RangeBuffer:
     """The file's bytes from ``lo`` on, as far as read so far (``buf[i]`` is file byte ``lo + i``).
 
     ``len(buf)`` is the rest of the file (at most one segment; the unread part reads as zeros) or,
-    with ``to_file_end=False``, exactly ``[lo, hi)``. In that second form a local file's range is
-    mapped instead of copied (``lo`` then moves down to a page boundary): as bounded as a read, and
-    the copy would cost a tenth of the decode."""
+    with ``to_file_end=False``, exactly ``[lo, hi)``. For a local file ``lo`` moves down to a page
+    boundary (callers use :attr:`lo`, not the position they asked for), and reads of a range the
+    page cache does not hold use direct I/O (:mod:`pipelines.local_reads`: filling the page cache
+    costs more than a copy). In the second form a cached local range is mapped instead of copied
+    (the copy would cost a tenth of the decode)."""
 
     def __init__(self, seg: SegmentFile, lo: int, hi: int, *, to_file_end: bool = True) -> None:
         self.seg = seg
         self._map: _Map | None = None
         self._file_map: mmap.mmap | None = None
-        if not to_file_end and seg.location.is_local:
-            self.lo = lo // _PAGE * _PAGE
+        if seg.location.is_local:  # page-aligned: a map's offset, and direct I/O into the pooled map
+            lo = lo // _PAGE * _PAGE
+        if not to_file_end and seg.location.is_local and _cached(seg, lo, min(hi, seg.data_len)):
+            self.lo = lo
             length = min(hi, seg.data_len) - self.lo
             if length > 0:
                 with open(seg.location.uri, "rb") as fh:
@@ -381,22 +389,23 @@ def walk_range(seg: SegmentFile, start: int = 0, end: int | None = None, *, sear
     while True:
         w_end = max(pos, min(end, pos + window))
         with RangeBuffer(seg, pos, seg.window_end(w_end, over)) as rb:
+            lo = rb.lo  # at or below pos: buffer positions are file positions - lo
             while True:
-                scan = scan_records(rb.buf, rb.base, rb.size, 0, w_end - pos, seg.label, first)
-                read_to = rb.read_end - pos
+                scan = scan_records(rb.buf, rb.base, rb.size, pos - lo, w_end - lo, seg.label, first)
+                read_to = rb.read_end - lo
                 if scan.stop > read_to and not scan.end_of_data:  # a record runs past what was read
-                    rb.fill(pos + scan.stop)
+                    rb.fill(lo + scan.stop)
                     continue
                 if exact_tail and rb.read_end < data_len and _looked_past(scan, read_to) and not rb.rest_is_zero():
                     rb.fill(data_len)
                     continue
                 break
-        walk.findings += [_unshift(f, pos) for f in scan.findings]
+        walk.findings += [_unshift(f, lo) for f in scan.findings]
         walk.records += int(scan.starts.size)
         if scan.starts.size:
-            walk.last_end = pos + int(scan.starts[-1] + scan.sizes[-1])
-        walk.stop, walk.end_of_data = pos + scan.stop, scan.end_of_data
-        walk.blank_at = None if scan.blank_at is None else pos + scan.blank_at
+            walk.last_end = lo + int(scan.starts[-1] + scan.sizes[-1])
+        walk.stop, walk.end_of_data = lo + scan.stop, scan.end_of_data
+        walk.blank_at = None if scan.blank_at is None else lo + scan.blank_at
         if scan.end_of_data or walk.stop >= end:
             return walk
         # a first-record search that found nothing in this window goes on searching in the next

@@ -610,3 +610,42 @@ def test_direct_write_encodings_give_the_same_files(tmp_path, golden_store, kind
     assert direct_adds == plain_adds and sum(a[1] for a in plain_adds) > 0
     for got, want in zip(direct_files, plain_files, strict=True):
         assert got.schema == want.schema and got.equals(want)
+
+
+def test_direct_reads_give_the_records_and_findings_of_cached_reads(golden_store, golden_records, tmp_path,
+                                                                     monkeypatch):
+    """A store the page cache does not hold is read with direct I/O (pipelines.local_reads) into
+    page-aligned buffers: every split's rows and every walk's findings equal those of cached reads,
+    damaged regions and unaligned split starts included."""
+    from pipelines import local_reads
+
+    store = _damaged_copy(golden_store, golden_records, tmp_path)
+    reader = RocketMQReader({"path": str(store), "splitBytes": "300000", "ingestRunId": "r"})
+    segments, _ = segment_files(StoreFiles(store))
+
+    def read_everything():
+        rows = pa.Table.from_batches([b for p in reader.partitions() for b in reader.read(p)])
+        walks = []
+        for seg in segments:
+            for start, end in ((0, None), (1000, None), (seg.data_len // 3, 2 * seg.data_len // 3)):
+                w = walk_range(seg, start, end, window=65_536)
+                walks.append((_walk_facts(w.findings, w.records, w.stop, w.end_of_data, w.blank_at), w.last_end))
+        return rows, walks
+
+    cached_rows, cached_walks = read_everything()
+    direct: list[int] = []
+    real = local_reads._read_direct
+    monkeypatch.setattr(local_reads, "is_cached", lambda fd, offset, n: False)
+    monkeypatch.setattr(local_reads, "DIRECT_MIN_BYTES", 4096)
+    monkeypatch.setattr(local_reads, "_read_direct", lambda *a: _spy_direct(real, direct, *a))
+    rows, walks = read_everything()
+    zeroed_or_broken = 3 + 40 + 1  # records 50-52 and 300-339 zeroed, 120's magic broken (_damaged_copy)
+    assert rows.num_rows == len(golden_records) - zeroed_or_broken and rows.equals(cached_rows)
+    assert walks == cached_walks and any(facts[0] for facts, _ in walks)
+    assert sum(direct) > sum(seg.data_len for seg in segments)  # the bytes went around the page cache
+
+
+def _spy_direct(real, into: list[int], *args):
+    got = real(*args)
+    into.append(got[0])
+    return got
