@@ -41,6 +41,7 @@ import mmap
 import os
 import re
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -309,7 +310,7 @@ def _torn_at(part: DecodeStats) -> int | None:
 
 def decode_range(seg: SegmentFile, start: int, end: int, *, search_first: bool | None = None,
                  flt: DecodeFilter | None = None, verify_crc: bool = True, stats: DecodeStats | None = None,
-                 body_view: bool = False) -> Iterator[pa.RecordBatch]:
+                 body_view: bool = False, buffer: "Future[RangeBuffer] | None" = None) -> Iterator[pa.RecordBatch]:
     """RECORD_SCHEMA batches of the records that start in ``[start, end)`` of the segment: the
     records :func:`iter_decode` gives over the whole file, from one buffer of
     ``[start, end + MAX_RECORD_BYTES)``. With ``body_view`` the bodies point into that buffer (kept
@@ -319,13 +320,15 @@ def decode_range(seg: SegmentFile, start: int, end: int, *, search_first: bool |
     check and ends the walk as a torn tail, after the rows before it were handed out; when a valid
     record header stands there, the range goes on from that record with a read long enough for it.
     (``stats`` findings describe what was left of the read, not of the file: the findings reader,
-    :func:`walk_range`, gives the file's.)"""
+    :func:`walk_range`, gives the file's.) ``buffer``: the first read, already under way
+    (:func:`decode_pieces`), of exactly ``RangeBuffer(seg, start, seg.window_end(end), to_file_end=False)``."""
     stats = stats if stats is not None else DecodeStats()
     if search_first is None:
         search_first = start != 0
     resume, first, read_to = start, search_first, seg.window_end(end)
     while True:
-        rb = RangeBuffer(seg, resume, read_to, to_file_end=False)
+        rb = buffer.result() if buffer is not None else RangeBuffer(seg, resume, read_to, to_file_end=False)
+        buffer = None
         lo = rb.lo
         try:
             part = DecodeStats()
@@ -348,6 +351,57 @@ def decode_range(seg: SegmentFile, start: int, end: int, *, search_first: bool |
                  seg.label, lo + torn, longer, rb.read_end)
         _merge(stats, part, lo, below=lo + torn)
         resume, first, read_to = lo + torn, False, seg.window_end(max(end, longer))
+
+
+# ---- decoding a range in pieces, each read while the one before is decoded ---------------------------
+
+# A split is decoded in pieces of this size. Why: a task otherwise waits for its whole range to be
+# read before it decodes a byte (on a cold store, ~0.15-0.25 s per 256 MiB split with two tasks
+# reading, 21-25 s of idle cores on the 16 GiB benchmark store); with pieces it waits for the first
+# one only, and each later piece is read on a background thread while the one before is decoded and
+# written. The rows are the same: a piece starts where the self-identifying rule finds its first
+# record, exactly as a split does.
+PIECE_BYTES = 64 * 1024 * 1024
+
+_reader: ThreadPoolExecutor | None = None
+_reader_pid = 0
+_reader_lock = threading.Lock()
+
+
+def _background_reads() -> ThreadPoolExecutor:
+    """This process's reading thread (made again after a fork: threads do not survive one)."""
+    global _reader, _reader_pid
+    with _reader_lock:
+        if _reader is None or _reader_pid != os.getpid():
+            _reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rocketlake-range-read")
+            _reader_pid = os.getpid()
+        return _reader
+
+
+def decode_pieces(seg: SegmentFile, start: int, end: int, *, search_first: bool | None = None,
+                  piece_bytes: int = PIECE_BYTES, **decode) -> Iterator[pa.RecordBatch]:
+    """:func:`decode_range` of ``[start, end)`` in pieces of ``piece_bytes``, the next piece's buffer
+    read in the background while a piece is decoded (see :data:`PIECE_BYTES`); ``decode``:
+    :func:`decode_range`'s other keywords."""
+    bounds = [*range(start, end, max(1, piece_bytes)), end] if end > start else [start, end]
+    pieces = list(zip(bounds, bounds[1:]))
+    first = (start != 0) if search_first is None else search_first
+    pending: Future[RangeBuffer] | None = None
+    try:
+        for n, (a, b) in enumerate(pieces):
+            current, pending = pending, None
+            if n + 1 < len(pieces):
+                na, nb = pieces[n + 1]
+                pending = _background_reads().submit(RangeBuffer, seg, na, seg.window_end(nb), to_file_end=False)
+            yield from decode_range(seg, a, b, search_first=first if n == 0 else True, buffer=current, **decode)
+    finally:
+        if pending is not None:  # a consumer that stopped early: the read under way is let go
+            pending.add_done_callback(_close_read)
+
+
+def _close_read(read: "Future[RangeBuffer]") -> None:
+    if read.exception() is None:
+        read.result().close()
 
 
 # ---- walking a range (findings, the end of the log) --------------------------------------------------------

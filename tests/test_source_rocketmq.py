@@ -649,3 +649,27 @@ def _spy_direct(real, into: list[int], *args):
     got = real(*args)
     into.append(got[0])
     return got
+
+
+@pytest.mark.parametrize("piece_bytes", [7_000, 65_536, 1 << 30])
+def test_a_split_decoded_in_pieces_gives_the_rows_of_one_read(golden_store, golden_records, tmp_path, piece_bytes):
+    """decode_pieces: a range cut into pieces (each read on the background thread while the one
+    before is decoded) gives the rows of one decode_range, damaged regions included (where a walk
+    stops inside damage may differ: decode stats describe the reads, the findings walk the file),
+    and a consumer that stops early leaves the reading thread free."""
+    from broker.store.columnar import DecodeStats
+    from pipelines.commitlog_ranges import decode_pieces, decode_range
+
+    store = _damaged_copy(golden_store, golden_records, tmp_path)
+    for seg in segment_files(StoreFiles(store))[0]:
+        for start, end in ((0, seg.data_len), (1000, seg.data_len // 2), (seg.data_len // 3, seg.data_len)):
+            whole, pieces = DecodeStats(), DecodeStats()
+            want = pa.Table.from_batches(list(decode_range(seg, start, end, stats=whole)), schema=RECORD_SCHEMA)
+            got = pa.Table.from_batches(list(decode_pieces(seg, start, end, stats=pieces, piece_bytes=piece_bytes)),
+                                        schema=RECORD_SCHEMA)
+            assert got.equals(want), (seg.name, start, end)
+            assert pieces.records == whole.records == got.num_rows
+    early = decode_pieces(seg, 0, seg.data_len, piece_bytes=7_000)
+    next(early)
+    early.close()
+    assert commitlog_ranges._background_reads().submit(lambda: "idle").result(timeout=10) == "idle"

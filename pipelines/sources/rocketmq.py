@@ -79,7 +79,7 @@ from broker.store.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from schemas.messages import MESSAGES_SCHEMA, RECORD_SCHEMA
 from schemas.spark import spark_ddl
 from schemas.tables import CONSUME_QUEUE_SCHEMA, CORRUPT_RECORDS_SCHEMA, INDEX_ENTRIES_SCHEMA
-from pipelines.commitlog_ranges import SegmentFile, decode_range, segment_files, walk_range
+from pipelines.commitlog_ranges import SegmentFile, decode_pieces, segment_files, walk_range
 from pipelines.sources.options import DEFAULT_SPLIT_BYTES, DIRECT_WRITE_OPTION, opt_bool, opt_int
 from pipelines.storage import Location, StorageError, location_from_source_options, source_options
 from pipelines.store_files import StoreFile, StoreFiles
@@ -414,10 +414,11 @@ class RocketMQReader(DataSourceReader):
 def decode_split(split: CommitLogSplit, pushed: PushedFilters | None = None, *, verify_crc: bool = True,
                  stats: DecodeStats | None = None, body_view: bool = False) -> Iterator[pa.RecordBatch]:
     """RECORD_SCHEMA batches of the records starting in the split (pushed filters applied exactly),
-    read with ranged reads into one buffer of the split's size plus one maximum record."""
+    read with ranged reads in pieces, each into a buffer of its size plus one maximum record, the
+    next read while one is decoded (:func:`pipelines.commitlog_ranges.decode_pieces`)."""
     pushed = pushed or PushedFilters()
-    for batch in decode_range(split.segment, split.start, split.end, search_first=split.start != 0,
-                              flt=pushed.decode_filter(), verify_crc=verify_crc, stats=stats, body_view=body_view):
+    for batch in decode_pieces(split.segment, split.start, split.end, search_first=split.start != 0,
+                               flt=pushed.decode_filter(), verify_crc=verify_crc, stats=stats, body_view=body_view):
         mask = None
         if pushed.topics is not None:
             mask = pc.is_in(batch.column("topic"), value_set=pa.array(sorted(pushed.topics), pa.string()))
