@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -117,8 +118,8 @@ class RowsCollect:
     """A reader whose (few) rows come back to the driver, e.g. the commitlog walk's findings.
 
     ``order``: with the first write's ``order``, the two readers' tasks are run merged by this key
-    (the ingest runs a segment's findings walk right after the segment's messages splits, while its
-    pages are still cached, instead of reading the whole commitlog from disk again at the end)."""
+    (the ingest orders a segment's findings walk right after the segment's messages splits, so the
+    walk runs beside the last of them, :func:`_is_pair`, and not over the whole commitlog at the end)."""
 
     reader: DataSourceReader
     schema: pa.Schema
@@ -162,28 +163,40 @@ class PartitionJob:
 
         fanned = self.fanned
 
+        def collect_rows(i: int, part: InputPartition) -> bytes:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, collects[i].schema) as out:
+                for rows in collects[i].reader.read(part):
+                    out.write_batch(rows.cast(collects[i].schema) if rows.schema != collects[i].schema else rows)
+            return sink.getvalue().to_pybytes()
+
         def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             _worker_logging()
             for batch in batches:
-                for index in (k for u in batch.column(0).to_pylist() for k in units[u]):
-                    kind, i, part = tasks[index]
-                    if kind == 1:
-                        sink = pa.BufferOutputStream()
-                        with pa.ipc.new_stream(sink, collects[i].schema) as out:
-                            for rows in collects[i].reader.read(part):
-                                out.write_batch(rows.cast(collects[i].schema) if rows.schema != collects[i].schema
-                                                else rows)
-                        yield _result(kind, i, None, None, sink.getvalue().to_pybytes())
-                        continue
-                    w = writes[i]
-                    t0 = time.monotonic()
-                    done = _write_part(w, fanned[i], part, {o.name: writers[o.name] for o in w.outputs
-                                                            if o.name in writers}, index)
-                    log.info("%s: partition %d/%d %s: %s in %.1f s", w.label or w.outputs[0].name,
-                             ordinal[index], totals[i], _describe(part), _counts(done, fanned[i]),
-                             time.monotonic() - t0)
-                    for name, message in done.items():
-                        yield _result(kind, i, name, json.dumps(asdict(message)), None)
+                for u in batch.column(0).to_pylist():
+                    unit, beside = units[u], None
+                    if _is_pair(tasks, unit):  # the collection runs on a thread beside the write
+                        _, j, collect_part = tasks[unit[1]]
+                        beside, unit = _Beside(collect_rows, j, collect_part), unit[:1]
+                    try:
+                        for index in unit:
+                            kind, i, part = tasks[index]
+                            if kind == 1:
+                                yield _result(kind, i, None, None, collect_rows(i, part))
+                                continue
+                            w = writes[i]
+                            t0 = time.monotonic()
+                            done = _write_part(w, fanned[i], part, {o.name: writers[o.name] for o in w.outputs
+                                                                    if o.name in writers}, index)
+                            log.info("%s: partition %d/%d %s: %s in %.1f s", w.label or w.outputs[0].name,
+                                     ordinal[index], totals[i], _describe(part), _counts(done, fanned[i]),
+                                     time.monotonic() - t0)
+                            for name, message in done.items():
+                                yield _result(kind, i, name, json.dumps(asdict(message)), None)
+                    finally:
+                        rows = beside.result() if beside is not None else None  # waits; a failure raises here
+                    if beside is not None:
+                        yield _result(1, beside.index, None, None, rows)
 
         try:
             rows = spark.range(0, len(units), 1, len(units)).mapInArrow(task, _RESULT_SCHEMA).toArrow()
@@ -261,10 +274,51 @@ class PartitionJob:
 
 
 def _units(tasks: list, n_large: int, cores: int) -> list[list[int]]:
-    """Task indexes per Spark task: one per large input; the small ones (queues, index files: tens of
+    """Task indexes per Spark task: one per large input, except that a collection right after a
+    write shares the write's task (:func:`_is_pair`); the small ones (queues, index files: tens of
     ms each, where a Spark task costs ~50 ms to start here) dealt round robin into one group per core."""
+    large: list[list[int]] = []
+    for k in range(n_large):
+        if tasks[k][0] == 1 and large and _is_pair(tasks, [*large[-1], k]):
+            large[-1].append(k)
+        else:
+            large.append([k])
     small = list(range(n_large, len(tasks)))
-    return [[k] for k in range(n_large)] + [small[g::cores] for g in range(min(cores, len(small)))]
+    return large + [small[g::cores] for g in range(min(cores, len(small)))]
+
+
+def _is_pair(tasks: list, unit: list[int]) -> bool:
+    """A write and the collection ordered right after it (a segment's last split and its findings
+    walk): run together, the collection on a thread beside the write. Why: with direct reads
+    (:mod:`pipelines.local_reads`) the walk reads its segment from the disk again and spends most of
+    its time waiting for it, which a task of its own spent with its core idle (20-25 s of iowait
+    on the 16 GiB benchmark store); beside a split, the wait overlaps the split's decoding and
+    Parquet writing, and one Spark task start per segment is saved."""
+    return len(unit) == 2 and tasks[unit[0]][0] == 0 and tasks[unit[1]][0] == 1
+
+
+class _Beside:
+    """``fn(index, part)`` on a thread of its own; :meth:`result` waits for it and raises what it raised."""
+
+    def __init__(self, fn: Callable[[int, InputPartition], bytes], index: int, part: InputPartition) -> None:
+        self.index = index
+        self._value: bytes | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, index, part), daemon=True,
+                                        name="rocketlake-beside")
+        self._thread.start()
+
+    def _run(self, fn, index, part) -> None:
+        try:
+            self._value = fn(index, part)
+        except BaseException as e:  # handed to the task's thread
+            self._error = e
+
+    def result(self) -> bytes:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
 
 
 _RESULT_SCHEMA = "kind int, index int, table string, commit_message string, rows binary"

@@ -144,3 +144,23 @@ def test_fan_out_write_feeds_several_tables_from_one_read_each_from_its_own_mark
     assert job.commit("odd").skipped and DeltaTable(os.path.join(tmp_path, "odd")).count() == 100
     assert not os.path.exists(os.path.join(tmp_path, "sevens"))
     assert app_version(tmp_path, "even", "a") == 9
+
+
+def test_a_collection_after_a_write_shares_its_task():
+    """_units: a collection ordered right after a write (a segment's findings walk after its last
+    split) runs in that write's Spark task, on a thread beside it; other tasks keep their own."""
+    from pipelines.partition_writer import _units
+
+    w, c = 0, 1
+    tasks = [(w, 0, "s1"), (w, 0, "s2"), (c, 0, "walk1"), (c, 0, "walk2"), (w, 0, "s3"), (w, 1, "q1"), (w, 1, "q2")]
+    assert _units(tasks, 5, 2) == [[0], [1, 2], [3], [4], [5], [6]]
+    assert _units([(c, 0, "walk")], 1, 2) == [[0]]
+
+
+def test_a_failing_collection_beside_a_write_fails_the_job(spark, tmp_path: Path) -> None:
+    """The collection's error reaches the driver from its thread, and the job's files are removed."""
+    job = PartitionJob([TableWrite(_wrap(_Reader(2)), tmp_path, "t", SCHEMA, [], "a", 1, order=lambda p: p.value * 10)],
+                       [RowsCollect(_wrap(_Reader(2, fail=1)), SCHEMA, order=lambda p: p.value * 10 + 5)])
+    with pytest.raises(Exception, match="partition 1 failed on purpose"):
+        job.run(spark)
+    assert not any(f.suffix == ".parquet" for f in (tmp_path / "t").rglob("*"))
