@@ -113,11 +113,11 @@ def segment_files(store: StoreFiles, segment_size: int | None = None) -> tuple[l
     return [SegmentFile(store.file(COMMITLOG_DIR, s.name), s.base, s.size, size) for s in segs], size
 
 
-def _read_into(location: Location, view: memoryview, offset: int) -> int:
+def _read_into(location: Location, view: memoryview, offset: int, cached: bool | None = None) -> int:
     """Fill ``view`` with the file's bytes from ``offset`` (ranged reads); returns bytes read
-    (fewer at the end of the file)."""
+    (fewer at the end of the file). ``cached``: see :func:`local_reads.read_into`."""
     if location.is_local:  # direct I/O where the range is not cached (pipelines.local_reads)
-        return local_reads.read_into(location.uri, view, offset)
+        return local_reads.read_into(location.uri, view, offset, cached)
     done, n = 0, len(view)
     fs, path = location.filesystem()
     with fs.open_input_file(path) as fh:
@@ -171,17 +171,6 @@ def _release(m: _Map) -> None:
         pass
 
 
-def _cached(seg: SegmentFile, lo: int, hi: int) -> bool:
-    """Whether the page cache holds bytes ``[lo, hi)`` of a local segment (see :func:`local_reads.is_cached`)."""
-    if hi <= lo:
-        return True
-    fd = os.open(seg.location.uri, os.O_RDONLY)
-    try:
-        return local_reads.is_cached(fd, lo, hi - lo)
-    finally:
-        os.close(fd)
-
-
 class RangeBuffer:
     """The file's bytes from ``lo`` on, as far as read so far (``buf[i]`` is file byte ``lo + i``).
 
@@ -196,9 +185,12 @@ class RangeBuffer:
         self.seg = seg
         self._map: _Map | None = None
         self._file_map: mmap.mmap | None = None
+        cached = None  # asked once here for a bounded local range, and told to the read below
         if seg.location.is_local:  # page-aligned: a map's offset, and direct I/O into the pooled map
             lo = lo // _PAGE * _PAGE
-        if not to_file_end and seg.location.is_local and _cached(seg, lo, min(hi, seg.data_len)):
+            if not to_file_end:
+                cached = local_reads.range_cached(seg.location.uri, lo, min(hi, seg.data_len) - lo)
+        if cached:
             self.lo = lo
             length = min(hi, seg.data_len) - self.lo
             if length > 0:
@@ -212,7 +204,7 @@ class RangeBuffer:
         self._map = _acquire(length) if length > 0 else None
         self.buf = self._map.mm if self._map is not None else b""
         self.read_end = lo  # file position up to which buf holds the file's bytes
-        self.fill(hi)
+        self.fill(hi, cached)
 
     @property
     def base(self) -> int:
@@ -224,16 +216,16 @@ class RangeBuffer:
         """Segment size as seen from ``buf[0]``."""
         return self.seg.segment_size - self.lo
 
-    def fill(self, hi: int) -> None:
+    def fill(self, hi: int, cached: bool | None = None) -> None:
         """Read the file up to ``hi`` (from where the buffer stops holding it); what an earlier
-        use of the map left past that is cleared."""
+        use of the map left past that is cleared. ``cached``: see :func:`local_reads.read_into`."""
         if self._map is None:
             return
         hi = min(hi, self.lo + len(self.buf))
         if hi > self.read_end:
             a, b = self.read_end - self.lo, hi - self.lo
             with memoryview(self.buf) as view:
-                got = _read_into(self.seg.location, view[a:b], self.read_end)
+                got = _read_into(self.seg.location, view[a:b], self.read_end, cached)
                 if got < b - a:  # the file shrank under us: what is missing reads as zeros
                     view[a + got:b] = bytes(b - a - got)
             self.read_end = hi

@@ -50,13 +50,16 @@ def _libc_calls():
 _mmap, _mincore, _munmap = _libc_calls()
 
 
-def read_into(path: str, view: memoryview, offset: int) -> int:
+def read_into(path: str, view: memoryview, offset: int, cached: bool | None = None) -> int:
     """Fill ``view`` with the file's bytes from ``offset``; returns the bytes read (fewer at the
-    end of the file)."""
+    end of the file). ``cached``: what the caller already learnt from :func:`range_cached` for this
+    range (None: ask here)."""
     n = len(view)
     fd = os.open(path, os.O_RDONLY)
     try:
-        if n >= DIRECT_MIN_BYTES and _O_DIRECT and not is_cached(fd, offset, n):
+        if cached is None and n >= DIRECT_MIN_BYTES and _O_DIRECT:
+            cached = is_cached(fd, offset, n)
+        if n >= DIRECT_MIN_BYTES and _O_DIRECT and cached is False:
             a, b = _aligned_span(view, offset)
             if b > a:
                 got, at_end = _read_direct(path, view[a:b], offset + a)
@@ -68,6 +71,17 @@ def read_into(path: str, view: memoryview, offset: int) -> int:
                         return a + got
                     return a + got + _pread_all(fd, view[a + got:], offset + a + got)
         return _pread_all(fd, view, offset)
+    finally:
+        os.close(fd)
+
+
+def range_cached(path: str, offset: int, n: int) -> bool:
+    """:func:`is_cached` for a file named by its path."""
+    if n <= 0:
+        return True
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return is_cached(fd, offset, n)
     finally:
         os.close(fd)
 

@@ -279,7 +279,7 @@ def _units(tasks: list, n_large: int, cores: int) -> list[list[int]]:
     ms each, where a Spark task costs ~50 ms to start here) dealt round robin into one group per core."""
     large: list[list[int]] = []
     for k in range(n_large):
-        if tasks[k][0] == 1 and large and _is_pair(tasks, [*large[-1], k]):
+        if large and _is_pair(tasks, [*large[-1], k]):
             large[-1].append(k)
         else:
             large.append([k])

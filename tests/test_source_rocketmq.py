@@ -362,7 +362,7 @@ def test_a_split_reads_its_range_plus_one_maximum_record(where, wide_store, rang
     requests: list[tuple[int, int]] = []
     real = commitlog_ranges._read_into
     monkeypatch.setattr(commitlog_ranges, "_read_into",
-                        lambda loc, view, offset: requests.append((offset, len(view))) or real(loc, view, offset))
+                        lambda loc, view, offset, *hint: requests.append((offset, len(view))) or real(loc, view, offset, *hint))
     reader = RocketMQReader({"path": path, "splitBytes": str(1 << 20), **options})
     split = reader.partitions()[1]
     assert (split.file_name, split.start, split.end, split.segment_size) == ("00000000000000000000", 1 << 20,
