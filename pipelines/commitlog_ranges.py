@@ -56,6 +56,7 @@ from broker.store.findings import Finding
 from broker.store.record_scan import ScanResult, is_record_start, scan_records
 from pipelines import local_reads
 from pipelines.storage import Location
+from pipelines.walk_pieces import WalkPiece
 from pipelines.store_files import StoreFiles
 
 log = logging.getLogger(__name__)
@@ -293,6 +294,8 @@ def _merge(into: DecodeStats, part: DecodeStats, lo: int, below: int | None = No
     into.bytes_decoded += part.bytes_decoded
     into.stop, into.end_of_data = part.stop + lo, part.end_of_data
     into.blank_at = None if part.blank_at is None else part.blank_at + lo
+    if into.first_at is None and part.first_at is not None:
+        into.first_at = part.first_at + lo
 
 
 def _torn_at(part: DecodeStats) -> int | None:
@@ -371,13 +374,16 @@ def _background_reads() -> ThreadPoolExecutor:
 
 
 def decode_pieces(seg: SegmentFile, start: int, end: int, *, search_first: bool | None = None,
-                  piece_bytes: int = PIECE_BYTES, **decode) -> Iterator[pa.RecordBatch]:
+                  piece_bytes: int = PIECE_BYTES, stats: DecodeStats | None = None,
+                  walked: list[WalkPiece] | None = None, **decode) -> Iterator[pa.RecordBatch]:
     """:func:`decode_range` of ``[start, end)`` in pieces of ``piece_bytes``, the next piece's buffer
-    read in the background while a piece is decoded (see :data:`PIECE_BYTES`); ``decode``:
-    :func:`decode_range`'s other keywords."""
+    read in the background while a piece is decoded (see :data:`PIECE_BYTES`); ``walked`` gets each
+    decoded piece's :class:`~pipelines.walk_pieces.WalkPiece`; ``decode``: :func:`decode_range`'s
+    other keywords."""
     bounds = [*range(start, end, max(1, piece_bytes)), end] if end > start else [start, end]
     pieces = list(zip(bounds, bounds[1:]))
     first = (start != 0) if search_first is None else search_first
+    stats = stats if stats is not None else DecodeStats()
     pending: Future[RangeBuffer] | None = None
     try:
         for n, (a, b) in enumerate(pieces):
@@ -385,7 +391,12 @@ def decode_pieces(seg: SegmentFile, start: int, end: int, *, search_first: bool 
             if n + 1 < len(pieces):
                 na, nb = pieces[n + 1]
                 pending = _background_reads().submit(RangeBuffer, seg, na, seg.window_end(nb), to_file_end=False)
-            yield from decode_range(seg, a, b, search_first=first if n == 0 else True, buffer=current, **decode)
+            piece = DecodeStats()
+            yield from decode_range(seg, a, b, search_first=first if n == 0 else True, buffer=current,
+                                    stats=piece, **decode)
+            _merge(stats, piece, 0)
+            if walked is not None:
+                walked.append(WalkPiece.of(seg.base, a, b, piece))
     finally:
         if pending is not None:  # a consumer that stopped early: the read under way is let go
             pending.add_done_callback(_close_read)

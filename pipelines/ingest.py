@@ -12,7 +12,8 @@ leaves no duplicates and no gaps (each table resumes from what it really committ
   ``[mark, dispatched_end)``, where ``dispatched_end`` is how far the broker's dispatcher has
   got, so entries written later for older records are not lost.
 * ``corrupt_records``: structural findings of the commitlog walk over ``[mark, end)`` plus every
-  record whose body CRC does not match.
+  record whose body CRC does not match. A segment whose messages splits' decode proves the walk
+  would find nothing is not walked again (:mod:`pipelines.walk_pieces`).
 * ``ingest_runs``: one row per broker and run.
 * ``payload_<topic>`` / ``payload_quarantine``: the typed bodies of the topics the lake's payload
   declarations name (:mod:`pipelines.payloads`), for records that start in ``[mark, end)``, from the
@@ -45,11 +46,13 @@ from pipelines.commitlog_ranges import segment_files
 from pipelines.job_args import StoreSpec
 from pipelines.lake import app_version, append_arrow, delta_spark_available, scan_arrow, table_schema, write_table
 from pipelines.payloads.evolution import check_evolution
-from pipelines.partition_writer import FanOutWrite, PartitionJob, RowsCollect, TableOut, TableWrite, collect_partitions
+from pipelines import walk_pieces
+from pipelines.partition_writer import (FanOutWrite, PartitionJob, TableOut, TableWrite, real_partitions,
+                                        collect_partitions)
 from pipelines.payloads.declarations import Declarations, declarations_location, load_declarations
 from pipelines.payloads.reader import PayloadReader, payload_outputs
 from pipelines.sources import register_sources
-from pipelines.sources.options import DEFAULT_SPLIT_BYTES, DIRECT_WRITE_OPTION
+from pipelines.sources.options import DEFAULT_SPLIT_BYTES, DIRECT_WRITE_OPTION, WALK_PIECES_OPTION
 from pipelines.sources.rocketmq import (
     CommitLogFindingsReader,
     CommitLogSplit,
@@ -165,14 +168,23 @@ def crc_findings(lake: "str | os.PathLike | Location", broker: str, start: int, 
 
 
 def _split_order(split: CommitLogSplit) -> int:
-    """Messages splits in commitlog order (see :func:`_walk_order`)."""
+    """Messages splits in commitlog order (the payload fan-out's splits beside them)."""
     return split.base + split.start
 
 
-def _walk_order(walk: CommitLogSplit) -> int:
-    """A segment's findings walk right after the segment's last messages split, while its pages are
-    still cached: keyed by where the walk ends, after every split that starts in the segment."""
-    return walk.base + walk.end
+def walk_findings(spark, walk: CommitLogFindingsReader, pieces: pa.Table | None) -> pa.Table:
+    """The findings walk's rows: none for a segment whose messages splits' decode proves the walk
+    would find nothing (:func:`pipelines.walk_pieces.walk_finds_nothing`); the other segments are
+    walked, in one Spark job when there are any. Why: the walk reads the whole store again, and on
+    a healthy store its answer is known from the decode already."""
+    segments = real_partitions(walk)
+    known = walk_pieces.from_table(pieces) if pieces is not None else []
+    todo = [s for s in segments if not walk_pieces.walk_finds_nothing(known, s.base, s.start, s.end)]
+    log.info("findings walk: %d of %d segment ranges proven clean by the decode, %d to walk",
+             len(segments) - len(todo), len(segments), len(todo))
+    if not todo:
+        return CORRUPT_RECORDS_SCHEMA.empty_table()
+    return collect_partitions(spark, walk, CORRUPT_RECORDS_SCHEMA, todo)
 
 
 def _mark(lake: "str | os.PathLike | Location", table: str, app_id: str) -> int:
@@ -234,7 +246,8 @@ def _write_direct(spark, plan: _RunPlan, record: Callable[[str, Callable], None]
     spec, marks = plan.spec, plan.marks
     writes = []
     if plan.end > marks[MESSAGES_TABLE]:
-        writes.append(TableWrite(RocketMQDataSource({**plan.messages_options, DIRECT_WRITE_OPTION: "true"}).reader(None),
+        options = {**plan.messages_options, DIRECT_WRITE_OPTION: "true", WALK_PIECES_OPTION: "true"}
+        writes.append(TableWrite(RocketMQDataSource(options).reader(None),
                                  plan.lake, MESSAGES_TABLE, MESSAGES.schema, list(MESSAGES.partition_by),
                                  plan.app_id, plan.end, ("commitlog_offset", marks[MESSAGES_TABLE], plan.end),
                                  f"ingest {spec.name} {MESSAGES_TABLE}", order=_split_order))
@@ -247,17 +260,17 @@ def _write_direct(spark, plan: _RunPlan, record: Callable[[str, Callable], None]
                                      contract.schema, list(contract.partition_by), plan.app_id, plan.cq_end,
                                      ("commitlog_offset", lo, plan.cq_end), f"ingest {spec.name} {contract.name}"))
     payloads = plan.payload_write()
-    walk = plan.findings_reader()
-    job = PartitionJob(writes + ([payloads] if payloads else []),
-                       [RowsCollect(walk, CORRUPT_RECORDS_SCHEMA, order=_walk_order)] if walk else [])
+    job = PartitionJob(writes + ([payloads] if payloads else []))
     names = [w.name for w in writes] + [o.name for o in (payloads.outputs if payloads else [])]
     t0 = time.monotonic()
     job.run(spark)
     log.info("ingest %s: files of %s written in %.1f s", spec.name, ", ".join(names) or "no table",
              time.monotonic() - t0)
+    walk = plan.findings_reader()
+    found = walk_findings(spark, walk, job.side_rows(MESSAGES_TABLE)) if walk else None
     for name in names:  # committed in this order: a rerun resumes each table from its own mark
         record(name, lambda: job.commit(name))
-    return job.rows(CORRUPT_RECORDS_SCHEMA) if walk else None
+    return found
 
 
 def _write_with_delta_spark(spark, plan: _RunPlan, record: Callable[[str, Callable], None]) -> pa.Table | None:

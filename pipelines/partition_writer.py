@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -35,6 +34,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pipelines.delta_files import DEFAULT_ROWS_PER_FILE, AddInfo
 from pipelines.delta_writer import DeltaArrowWriter, DeltaCommitMessage, TaskFiles
 from pipelines.lake import WriteResult, already_recorded, result_from_outcome, table_location
+from pipelines.sources.options import SideRows
 from pipelines.storage import Location
 
 log = logging.getLogger(__name__)
@@ -115,15 +115,12 @@ def _fan_out(w: TableWrite) -> FanOutWrite:
 
 @dataclass
 class RowsCollect:
-    """A reader whose (few) rows come back to the driver, e.g. the commitlog walk's findings.
-
-    ``order``: with the first write's ``order``, the two readers' tasks are run merged by this key
-    (the ingest orders a segment's findings walk right after the segment's messages splits, so the
-    walk runs beside the last of them, :func:`_is_pair`, and not over the whole commitlog at the end)."""
+    """A reader whose (few) rows come back to the driver, e.g. the commitlog walk's findings;
+    ``parts``: only these of its partitions (default: all)."""
 
     reader: DataSourceReader
     schema: pa.Schema
-    order: Callable[[InputPartition], Any] | None = None
+    parts: list[InputPartition] | None = None
 
 
 class PartitionJob:
@@ -131,9 +128,11 @@ class PartitionJob:
     table in the order the caller chooses (:meth:`commit`).
 
     Why one job: each Spark job pays its own start and ends with a tail where one core waits for the
-    other's last task. The ingest writes four inputs (commitlog splits, consume queues, index files,
-    the findings walk); as one job of ordered tasks (largest inputs first) the small ones fill the
-    tail of the large, and both cores stay busy to the end. A failed job removes every file it wrote
+    other's last task. The ingest writes three inputs (commitlog splits, consume queues, index
+    files); as one job of ordered tasks (largest inputs first) the small ones fill the tail of the
+    large, and both cores stay busy to the end. A write's reader may also yield
+    :class:`~pipelines.sources.options.SideRows` (a commitlog split's walk pieces): they come back
+    to the driver (:meth:`side_rows`) instead of going to the table. A failed job removes every file it wrote
     (:meth:`run` raises); files of a table whose commit is never made (the driver killed between two
     commits) are left unreferenced, as a killed single write leaves them, and never read."""
 
@@ -145,6 +144,7 @@ class PartitionJob:
         self.messages: dict[str, list[DeltaCommitMessage]] = {}
         self.writers: dict[str, DeltaArrowWriter] = {}
         self.collected: list[pa.Table] = []
+        self.side: dict[int, list[pa.Table]] = {}
         self._tables: dict[str, Location] = {}
         self._large = 0
 
@@ -159,7 +159,7 @@ class PartitionJob:
         for kind, i, _ in tasks:
             seen[(kind, i)] = seen.get((kind, i), 0) + 1
             ordinal.append(seen[(kind, i)])
-        units = _units(tasks, self._large, max(1, int(spark.sparkContext.defaultParallelism)))
+        units = _units(len(tasks), self._large, max(1, int(spark.sparkContext.defaultParallelism)))
 
         fanned = self.fanned
 
@@ -174,29 +174,23 @@ class PartitionJob:
             _worker_logging()
             for batch in batches:
                 for u in batch.column(0).to_pylist():
-                    unit, beside = units[u], None
-                    if _is_pair(tasks, unit):  # the collection runs on a thread beside the write
-                        _, j, collect_part = tasks[unit[1]]
-                        beside, unit = _Beside(collect_rows, j, collect_part), unit[:1]
-                    try:
-                        for index in unit:
-                            kind, i, part = tasks[index]
-                            if kind == 1:
-                                yield _result(kind, i, None, None, collect_rows(i, part))
-                                continue
-                            w = writes[i]
-                            t0 = time.monotonic()
-                            done = _write_part(w, fanned[i], part, {o.name: writers[o.name] for o in w.outputs
-                                                                    if o.name in writers}, index)
-                            log.info("%s: partition %d/%d %s: %s in %.1f s", w.label or w.outputs[0].name,
-                                     ordinal[index], totals[i], _describe(part), _counts(done, fanned[i]),
-                                     time.monotonic() - t0)
-                            for name, message in done.items():
-                                yield _result(kind, i, name, json.dumps(asdict(message)), None)
-                    finally:
-                        rows = beside.result() if beside is not None else None  # waits; a failure raises here
-                    if beside is not None:
-                        yield _result(1, beside.index, None, None, rows)
+                    for index in units[u]:
+                        kind, i, part = tasks[index]
+                        if kind == 1:
+                            yield _result(kind, i, None, None, collect_rows(i, part))
+                            continue
+                        w = writes[i]
+                        t0 = time.monotonic()
+                        side: list[pa.RecordBatch] = []
+                        done = _write_part(w, fanned[i], part, {o.name: writers[o.name] for o in w.outputs
+                                                                if o.name in writers}, index, side)
+                        log.info("%s: partition %d/%d %s: %s in %.1f s", w.label or w.outputs[0].name,
+                                 ordinal[index], totals[i], _describe(part), _counts(done, fanned[i]),
+                                 time.monotonic() - t0)
+                        for name, message in done.items():
+                            yield _result(kind, i, name, json.dumps(asdict(message)), None)
+                        if side:
+                            yield _result(_SIDE, i, None, None, _ipc(side))
 
         try:
             rows = spark.range(0, len(units), 1, len(units)).mapInArrow(task, _RESULT_SCHEMA).toArrow()
@@ -204,10 +198,13 @@ class PartitionJob:
             self.abort()
             raise
         rows = pa.table(rows)
-        for kind, table, message, data in zip(*(rows.column(n).to_pylist()
-                                                for n in ("kind", "table", "commit_message", "rows"))):
+        for kind, index, table, message, data in zip(*(rows.column(n).to_pylist()
+                                                       for n in ("kind", "index", "table", "commit_message", "rows"))):
             if kind == 1:
                 self.collected.append(pa.ipc.open_stream(data).read_all())
+                continue
+            if kind == _SIDE:
+                self.side.setdefault(index, []).append(pa.ipc.open_stream(data).read_all())
                 continue
             payload = json.loads(message)
             files = [AddInfo(**f) for f in payload.pop("files")]
@@ -215,9 +212,9 @@ class PartitionJob:
 
     def _plan(self) -> tuple[list[tuple[int, int, InputPartition]], dict[int, int]]:
         """The job's tasks as (kind, index, partition), kind 0 a write and 1 a collection, in the order
-        they run: the first write's (the largest: commitlog splits) and the collections' (merged by
-        their ``order`` keys when all have one), then the other writes' smaller tasks, which fill the
-        last round of the large ones. Also makes the writers; tables already recorded are skipped."""
+        they run: the first write's (the largest: commitlog splits, in its ``order``) and the
+        collections', then the other writes' smaller tasks, which fill the last round of the large
+        ones. Also makes the writers; tables already recorded are skipped."""
         large: list[tuple[int, int, InputPartition]] = []
         small: list[tuple[int, int, InputPartition]] = []
         totals: dict[int, int] = {}
@@ -240,18 +237,17 @@ class PartitionJob:
                 live += 1
             if not live:
                 continue
-            parts = _real_partitions(w.reader)
+            parts = real_partitions(w.reader)
             totals[i] = len(parts)
             if not order_of or w.order is not None:  # the first write that runs, and ordered ones
                 order_of[(0, i)] = w.order
                 large.extend((0, i, p) for p in parts)
             else:
                 small.extend((0, i, p) for p in parts)
+        if large and all(order_of[(kind, i)] is not None for kind, i, _ in large):
+            large.sort(key=lambda t: order_of[(t[0], t[1])](t[2]))  # stable
         for j, c in enumerate(self.collects):
-            order_of[(1, j)] = c.order
-            large.extend((1, j, p) for p in _real_partitions(c.reader))
-        if all(order_of[(kind, i)] is not None for kind, i, _ in large):
-            large.sort(key=lambda t: order_of[(t[0], t[1])](t[2]))  # stable: writes first on ties
+            large.extend((1, j, p) for p in (real_partitions(c.reader) if c.parts is None else c.parts))
         self._large = len(large)
         return large + small, totals
 
@@ -272,56 +268,33 @@ class PartitionJob:
         """The collected rows (all collections share ``schema``)."""
         return pa.concat_tables([schema.empty_table(), *(t.cast(schema) for t in self.collected)])
 
+    def side_rows(self, table: str) -> pa.Table | None:
+        """The :class:`~pipelines.sources.options.SideRows` of the write that feeds ``table``, all its
+        tasks' together; None when it yielded none (e.g. the table was already recorded)."""
+        for i, w in enumerate(self.writes):
+            if any(o.name == table for o in w.outputs):
+                got = self.side.get(i)
+                return pa.concat_tables(got) if got else None
+        return None
 
-def _units(tasks: list, n_large: int, cores: int) -> list[list[int]]:
-    """Task indexes per Spark task: one per large input, except that a collection right after a
-    write shares the write's task (:func:`_is_pair`); the small ones (queues, index files: tens of
+
+def _units(n_tasks: int, n_large: int, cores: int) -> list[list[int]]:
+    """Task indexes per Spark task: one per large input; the small ones (queues, index files: tens of
     ms each, where a Spark task costs ~50 ms to start here) dealt round robin into one group per core."""
-    large: list[list[int]] = []
-    for k in range(n_large):
-        if large and _is_pair(tasks, [*large[-1], k]):
-            large[-1].append(k)
-        else:
-            large.append([k])
-    small = list(range(n_large, len(tasks)))
-    return large + [small[g::cores] for g in range(min(cores, len(small)))]
-
-
-def _is_pair(tasks: list, unit: list[int]) -> bool:
-    """A write and the collection ordered right after it (a segment's last split and its findings
-    walk): run together, the collection on a thread beside the write. Why: with direct reads
-    (:mod:`pipelines.local_reads`) the walk reads its segment from the disk again and spends most of
-    its time waiting for it, which a task of its own spent with its core idle (20-25 s of iowait
-    on the 16 GiB benchmark store); beside a split, the wait overlaps the split's decoding and
-    Parquet writing, and one Spark task start per segment is saved."""
-    return len(unit) == 2 and tasks[unit[0]][0] == 0 and tasks[unit[1]][0] == 1
-
-
-class _Beside:
-    """``fn(index, part)`` on a thread of its own; :meth:`result` waits for it and raises what it raised."""
-
-    def __init__(self, fn: Callable[[int, InputPartition], bytes], index: int, part: InputPartition) -> None:
-        self.index = index
-        self._value: bytes | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn, index, part), daemon=True,
-                                        name="rocketlake-beside")
-        self._thread.start()
-
-    def _run(self, fn, index, part) -> None:
-        try:
-            self._value = fn(index, part)
-        except BaseException as e:  # handed to the task's thread
-            self._error = e
-
-    def result(self) -> bytes:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value  # type: ignore[return-value]
+    small = list(range(n_large, n_tasks))
+    return [[k] for k in range(n_large)] + [small[g::cores] for g in range(min(cores, len(small)))]
 
 
 _RESULT_SCHEMA = "kind int, index int, table string, commit_message string, rows binary"
+_SIDE = 2  # a result's kind: a write task's side rows (0: a table's commit message, 1: collected rows)
+
+
+def _ipc(batches: list[pa.RecordBatch]) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batches[0].schema) as out:
+        for b in batches:
+            out.write_batch(b)
+    return sink.getvalue().to_pybytes()
 
 
 def _result(kind: int, index: int, table: str | None, message: str | None, rows: bytes | None) -> pa.RecordBatch:
@@ -341,14 +314,17 @@ def _counts(done: dict[str, DeltaCommitMessage], fanned: bool) -> str:
 
 
 def _write_part(w: FanOutWrite, fanned: bool, part: InputPartition, writers: dict[str, DeltaArrowWriter],
-                part_id: int) -> dict[str, DeltaCommitMessage]:
+                part_id: int, side: list[pa.RecordBatch]) -> dict[str, DeltaCommitMessage]:
     """One input of a write into its tables' files (the commit messages by table; a one-table write
-    always reports, even with no rows)."""
+    always reports, even with no rows); the reader's side rows go to ``side``."""
     outs = {o.name: o for o in w.outputs if o.name in writers}
     single = None if fanned else w.outputs[0].name
     files: dict[str, TaskFiles] = {} if fanned else {single: writers[single].task_files(part_id)}
     try:
         for item in w.reader.read(part):
+            if isinstance(item, SideRows):
+                side.append(item.batch)
+                continue
             name, batch = (single, item) if single else item
             out = outs.get(name)
             if out is None:
@@ -367,7 +343,8 @@ def _write_part(w: FanOutWrite, fanned: bool, part: InputPartition, writers: dic
         raise
 
 
-def _real_partitions(reader: DataSourceReader) -> list[InputPartition]:
+def real_partitions(reader: DataSourceReader) -> list[InputPartition]:
+    """The reader's partitions without the "nothing to read" marker (a bare ``InputPartition``)."""
     return [p for p in reader.partitions() if type(p) is not InputPartition]  # noqa: E721 (the empty marker)
 
 
@@ -385,9 +362,11 @@ def write_partitions(spark, reader: DataSourceReader, lake_dir: str | os.PathLik
     return job.commit(name)
 
 
-def collect_partitions(spark, reader: DataSourceReader, schema: pa.Schema) -> pa.Table:
-    """Every row ``reader`` yields, read in parallel by Spark tasks and collected on the driver
-    (for small results of a scan over large inputs, e.g. the commitlog walk's findings)."""
-    job = PartitionJob([], [RowsCollect(reader, schema)])
+def collect_partitions(spark, reader: DataSourceReader, schema: pa.Schema,
+                       parts: list[InputPartition] | None = None) -> pa.Table:
+    """Every row ``reader`` yields (of ``parts`` only, when given), read in parallel by Spark tasks
+    and collected on the driver (for small results of a scan over large inputs, e.g. the commitlog
+    walk's findings)."""
+    job = PartitionJob([], [RowsCollect(reader, schema, parts)])
     job.run(spark)
     return job.rows(schema)

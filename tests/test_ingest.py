@@ -101,6 +101,39 @@ def test_corrupt_store_keeps_intact_records(spark, golden_store, golden_records,
     assert {r["file"] for r in found} == {str(seg.resolve())}  # both kinds name the file the same way
 
 
+def test_the_findings_walk_reads_only_segments_the_decode_did_not_prove_clean(spark, golden_store, golden_records,
+                                                                              tmp_path, monkeypatch):
+    """A segment whose messages splits found nothing and followed one record chain is not walked
+    again; the damaged one is, and corrupt_records holds exactly the walk's findings of every segment."""
+    import pipelines.ingest as ingest_module
+    from pipelines.commitlog_ranges import commitlog_end, segment_files, walk_range
+    from pipelines.store_files import StoreFiles
+    from tests.damaged_store import damaged_copy
+
+    walked: list[list[tuple[int, int, int]]] = []
+    real = ingest_module.collect_partitions
+
+    def spy(spark, reader, schema, parts=None):
+        walked.append(sorted((p.base, p.start, p.end) for p in parts))
+        return real(spark, reader, schema, parts)
+
+    monkeypatch.setattr(ingest_module, "collect_partitions", spy)
+    ingest(spark, [StoreSpec("broker-a", str(golden_store))], str(tmp_path / "golden-lake"))
+    assert walked == []  # Apache's store is healthy: every segment proven by its decode
+    store = damaged_copy(golden_store, golden_records, tmp_path)
+    lake = tmp_path / "lake"
+    ingest(spark, [StoreSpec("broker-a", str(store))], str(lake))
+    segments, _ = segment_files(StoreFiles(store))
+    end = commitlog_end(segments)
+    assert walked == [[(0, 0, segments[0].data_len)]]  # the damage is all in the first segment
+    want = sorted((f.file, f.offset, f.kind) for seg in segments
+                  for f in walk_range(seg, 0, min(seg.data_len, end - seg.base)).findings)
+    assert len(want) == 3  # two zeroed runs and a broken magic
+    got = sorted((r["file"], r["offset"], r["reason"].split(":")[0]) for r in _rows(lake, "corrupt_records").to_pylist()
+                 if not r["reason"].startswith("crc_mismatch"))
+    assert got == want
+
+
 def test_tables_read_the_same_with_spark_deltalake_and_duckdb(spark, lake):
     from pipelines.duckdb_delta import connect
     from pipelines.lake import read_table

@@ -104,7 +104,7 @@ def test_one_job_writes_several_tables_and_collects_rows(spark, tmp_path: Path) 
         [TableWrite(_wrap(_Reader(4)), tmp_path, "big", SCHEMA, ["part"], "a", 9, order=lambda p: p.value * 10),
          TableWrite(_wrap(_Reader(6)), tmp_path, "small", SCHEMA, [], "a", 9),
          TableWrite(_wrap(_Reader(3)), tmp_path, "done", SCHEMA, [], "a", 9)],
-        [RowsCollect(_wrap(_Reader(2)), SCHEMA, order=lambda p: p.value * 10 + 5)])
+        [RowsCollect(_wrap(_Reader(2)), SCHEMA)])
     job.run(spark)
     assert job.commit("big").num_rows == 400 and job.commit("small").num_rows == 600
     assert job.commit("done").skipped and DeltaTable(os.path.join(tmp_path, "done")).count() == 100
@@ -146,21 +146,32 @@ def test_fan_out_write_feeds_several_tables_from_one_read_each_from_its_own_mark
     assert app_version(tmp_path, "even", "a") == 9
 
 
-def test_a_collection_after_a_write_shares_its_task():
-    """_units: a collection ordered right after a write (a segment's findings walk after its last
-    split) runs in that write's Spark task, on a thread beside it; other tasks keep their own."""
-    from pipelines.partition_writer import _units
+class _WithSide(_Reader):
+    """_Reader's batches, then a SideRows naming the partition (not for the table)."""
 
-    w, c = 0, 1
-    tasks = [(w, 0, "s1"), (w, 0, "s2"), (c, 0, "walk1"), (c, 0, "walk2"), (w, 0, "s3"), (w, 1, "q1"), (w, 1, "q2")]
-    assert _units(tasks, 5, 2) == [[0], [1, 2], [3], [4], [5], [6]]
-    assert _units([(c, 0, "walk")], 1, 2) == [[0]]
+    def read(self, partition):
+        from pipelines.sources.options import SideRows
+        yield from super().read(partition)
+        yield SideRows(pa.RecordBatch.from_pydict({"part": [partition.value]}))
 
 
-def test_a_failing_collection_beside_a_write_fails_the_job(spark, tmp_path: Path) -> None:
-    """The collection's error reaches the driver from its thread, and the job's files are removed."""
-    job = PartitionJob([TableWrite(_wrap(_Reader(2)), tmp_path, "t", SCHEMA, [], "a", 1, order=lambda p: p.value * 10)],
-                       [RowsCollect(_wrap(_Reader(2, fail=1)), SCHEMA, order=lambda p: p.value * 10 + 5)])
-    with pytest.raises(Exception, match="partition 1 failed on purpose"):
-        job.run(spark)
-    assert not any(f.suffix == ".parquet" for f in (tmp_path / "t").rglob("*"))
+def test_side_rows_come_back_to_the_driver_and_not_to_the_table(spark, tmp_path: Path) -> None:
+    """A reader's SideRows reach PartitionJob.side_rows (every task's), and the table gets only the
+    batches; a write that yielded none, or a table already recorded, has None."""
+    write_partitions(spark, _wrap(_Reader(1)), tmp_path, "done", schema=SCHEMA, app_id="a", app_version=9)
+    job = PartitionJob([TableWrite(_wrap(_WithSide(3)), tmp_path, "t", SCHEMA, [], "a", 9, order=lambda p: p.value),
+                        TableWrite(_wrap(_Reader(2)), tmp_path, "plain", SCHEMA, [], "a", 9),
+                        TableWrite(_wrap(_WithSide(2)), tmp_path, "done", SCHEMA, [], "a", 9)])
+    job.run(spark)
+    assert sorted(job.side_rows("t").column("part").to_pylist()) == [0, 1, 2]
+    assert job.side_rows("plain") is None and job.side_rows("done") is None and job.side_rows("other") is None
+    assert job.commit("t").num_rows == 300
+    assert [r[1] for r in _rows(os.path.join(tmp_path, "t"))] == list(range(300))
+
+
+def test_a_collection_of_chosen_partitions_reads_only_those(spark) -> None:
+    from pipelines.partition_writer import collect_partitions
+
+    reader = _wrap(_Reader(4))
+    got = collect_partitions(spark, reader, SCHEMA, [_Numbered(1), _Numbered(3)])
+    assert sorted(got.column("commitlog_offset").to_pylist()) == [*range(100, 200), *range(300, 400)]

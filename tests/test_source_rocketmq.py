@@ -26,6 +26,7 @@ from pipelines.store_files import StoreFiles
 from schemas.messages import MESSAGES_SCHEMA, RECORD_SCHEMA
 from schemas.tables import CONSUME_QUEUE_SCHEMA, INDEX_ENTRIES_SCHEMA
 from tests.conftest import load_expected
+from tests.damaged_store import damaged_copy
 from tests.golden_fields import expected_row
 
 WRAPPERS = ("SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC")
@@ -401,27 +402,6 @@ def test_records_longer_than_the_read_ahead_are_read_on(golden_store, golden_rec
     assert len(range_reads) == len(splits) + len(crossing)
 
 
-def _damaged_copy(golden_store: Path, golden_records: list[dict], into: Path) -> Path:
-    """Zeroed records (a short run and one longer than the walk's windows), a broken magic, and a
-    torn write after the data of the last segment."""
-    store = into / "damaged"
-    shutil.copytree(golden_store, store)
-    seg0 = store / "commitlog" / "00000000000000000000"
-    data = bytearray(seg0.read_bytes())
-    for i, j in ((50, 53), (300, 340)):
-        a, b = golden_records[i]["phyOffset"], golden_records[j]["phyOffset"]
-        data[a:b] = bytes(b - a)
-    p = golden_records[120]["phyOffset"]
-    data[p + 4:p + 8] = b"\x00\x11\x22\x33"
-    seg0.write_bytes(bytes(data))
-    last = store / "commitlog" / "00000000000004194304"
-    data = bytearray(last.read_bytes())
-    end = golden_records[-1]["phyOffset"] + golden_records[-1]["storeSize"] - 4194304
-    data[end:end + 50] = b"\x01" * 50
-    last.write_bytes(bytes(data))
-    return store
-
-
 def _walk_facts(findings, records, stop, end_of_data, blank_at):
     return [(f.file, f.offset, f.kind, f.detail, f.bytes_skipped, f.physical_offset) for f in findings], \
         records, stop, end_of_data, blank_at
@@ -429,7 +409,7 @@ def _walk_facts(findings, records, stop, end_of_data, blank_at):
 
 @pytest.mark.parametrize("window, over", [(4096, 64), (65_536, None)])
 def test_walks_in_windows_find_what_a_whole_file_walk_finds(golden_store, golden_records, tmp_path, window, over):
-    store = _damaged_copy(golden_store, golden_records, tmp_path)
+    store = damaged_copy(golden_store, golden_records, tmp_path)
     segments, _ = segment_files(StoreFiles(store))
     checked = 0
     for seg in segments:
@@ -446,7 +426,7 @@ def test_walks_in_windows_find_what_a_whole_file_walk_finds(golden_store, golden
 
 
 def test_commitlog_end_as_the_local_commitlog_answers(golden_store, golden_records, wide_store, tmp_path):
-    damaged = _damaged_copy(golden_store, golden_records, tmp_path)
+    damaged = damaged_copy(golden_store, golden_records, tmp_path)
     for store in (golden_store, wide_store, damaged):
         segments, _ = segment_files(StoreFiles(store))
         log = CommitLog.open(store)
@@ -621,7 +601,7 @@ def test_direct_reads_give_the_records_and_findings_of_cached_reads(golden_store
 
     from pipelines import local_reads
 
-    store = _damaged_copy(golden_store, golden_records, tmp_path)
+    store = damaged_copy(golden_store, golden_records, tmp_path)
     try:
         os.close(os.open(store / "commitlog" / "00000000000000000000", os.O_RDONLY | getattr(os, "O_DIRECT", 0)))
     except OSError:
@@ -666,7 +646,7 @@ def test_a_split_decoded_in_pieces_gives_the_rows_of_one_read(golden_store, gold
     from broker.store.columnar import DecodeStats
     from pipelines.commitlog_ranges import decode_pieces, decode_range
 
-    store = _damaged_copy(golden_store, golden_records, tmp_path)
+    store = damaged_copy(golden_store, golden_records, tmp_path)
     for seg in segment_files(StoreFiles(store))[0]:
         for start, end in ((0, seg.data_len), (1000, seg.data_len // 2), (seg.data_len // 3, seg.data_len)):
             whole, pieces = DecodeStats(), DecodeStats()

@@ -107,6 +107,7 @@ class DecodeStats:
     rows: int = 0
     bytes_decoded: int = 0  # bytes walked over by decoded records (incl. any skipped region after one)
     stop: int = 0  # segment position where the walk ended
+    first_at: int | None = None  # segment position of the first record walked (None: none found)
     end_of_data: bool = False
     blank_at: int | None = None  # position of the segment's BLANK record, if the walk reached it
 
@@ -602,6 +603,7 @@ def iter_decode(buf, seg_base: int, seg_size: int, start: int = 0, end: int | No
                 stats.rows += batch.num_rows
                 yield batch
     finally:
+        stats.first_at = int(starts[0]) if starts.size else None
         stats.findings.extend(sorted(walk_findings + row_findings, key=lambda f: (f.offset, f.kind)))
 
 

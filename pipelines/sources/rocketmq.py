@@ -80,9 +80,12 @@ from schemas.messages import MESSAGES_SCHEMA, RECORD_SCHEMA
 from schemas.spark import spark_ddl
 from schemas.tables import CONSUME_QUEUE_SCHEMA, CORRUPT_RECORDS_SCHEMA, INDEX_ENTRIES_SCHEMA
 from pipelines.commitlog_ranges import SegmentFile, decode_pieces, segment_files, walk_range
-from pipelines.sources.options import DEFAULT_SPLIT_BYTES, DIRECT_WRITE_OPTION, opt_bool, opt_int
+from pipelines.sources.options import (DEFAULT_SPLIT_BYTES, DIRECT_WRITE_OPTION, WALK_PIECES_OPTION, SideRows, opt_bool,
+                                      opt_int)
+from pipelines import walk_pieces
 from pipelines.storage import Location, StorageError, location_from_source_options, source_options
 from pipelines.store_files import StoreFile, StoreFiles
+from pipelines.walk_pieces import WalkPiece
 
 DEFAULT_BROKER_NAME = "broker-a"
 _TS_US_UTC = pa.timestamp("us", tz="UTC")
@@ -354,6 +357,7 @@ class RocketMQReader(DataSourceReader):
         self.ingest_run_id = options.get("ingestRunId")
         self.verify_crc = opt_bool(options, "verifyCrc", True)
         self.direct_write = opt_bool(options, DIRECT_WRITE_OPTION, False)
+        self.walk_pieces = self.direct_write and opt_bool(options, WALK_PIECES_OPTION, False)
         # Off unless asked for: PySpark 4.2.0 keeps the reader planned for a pushed-down query on
         # the DataFrame and reuses it for later queries on the same DataFrame (wrong row counts).
         # Jobs that build a fresh DataFrame per query turn it on with .option("pushFilters", "true").
@@ -406,19 +410,26 @@ class RocketMQReader(DataSourceReader):
             return iter(())
         return self._read_split(partition)
 
-    def _read_split(self, split: CommitLogSplit) -> Iterator[pa.RecordBatch]:
-        for batch in decode_split(split, self.pushed, verify_crc=self.verify_crc, body_view=self.direct_write):
+    def _read_split(self, split: CommitLogSplit) -> Iterator[pa.RecordBatch | SideRows]:
+        walked: list[WalkPiece] | None = [] if self.walk_pieces else None
+        for batch in decode_split(split, self.pushed, verify_crc=self.verify_crc, body_view=self.direct_write,
+                                  walked=walked):
             yield lake_columns(batch, self.broker_name, split.file_name, self.ingest_run_id, self.direct_write)
+        if walked is not None:
+            yield SideRows(walk_pieces.to_batch(walked))
 
 
 def decode_split(split: CommitLogSplit, pushed: PushedFilters | None = None, *, verify_crc: bool = True,
-                 stats: DecodeStats | None = None, body_view: bool = False) -> Iterator[pa.RecordBatch]:
+                 stats: DecodeStats | None = None, body_view: bool = False,
+                 walked: list[WalkPiece] | None = None) -> Iterator[pa.RecordBatch]:
     """RECORD_SCHEMA batches of the records starting in the split (pushed filters applied exactly),
     read with ranged reads in pieces, each into a buffer of its size plus one maximum record, the
-    next read while one is decoded (:func:`pipelines.commitlog_ranges.decode_pieces`)."""
+    next read while one is decoded (:func:`pipelines.commitlog_ranges.decode_pieces`, which also
+    fills ``walked``)."""
     pushed = pushed or PushedFilters()
     for batch in decode_pieces(split.segment, split.start, split.end, search_first=split.start != 0,
-                               flt=pushed.decode_filter(), verify_crc=verify_crc, stats=stats, body_view=body_view):
+                               flt=pushed.decode_filter(), verify_crc=verify_crc, stats=stats, body_view=body_view,
+                               walked=walked):
         mask = None
         if pushed.topics is not None:
             mask = pc.is_in(batch.column("topic"), value_set=pa.array(sorted(pushed.topics), pa.string()))
