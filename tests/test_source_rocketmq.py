@@ -295,8 +295,6 @@ def test_pushdown_off_makes_reuse_safe(rmq, golden_store):
 
 
 def test_findings_format_reports_each_damaged_region_once(rmq, golden_store, golden_records, tmp_path):
-    import shutil
-
     store = tmp_path / "store"
     shutil.copytree(golden_store, store)
     seg = store / "commitlog" / "00000000000000000000"
