@@ -48,7 +48,7 @@ from broker.server.launcher import live_group_pids, start_broker, start_namesrv 
 from pipelines.ingest import app_id_for  # noqa: E402
 from pipelines.job_args import launch_conf_args  # noqa: E402
 from pipelines.lake import app_version, open_table  # noqa: E402
-from pipelines.stream import DEFAULT_TRIGGER_INTERVAL  # noqa: E402
+from pipelines.stream_args import DEFAULT_TRIGGER_INTERVAL  # noqa: E402
 from schemas.messages import MESSAGES_TABLE  # noqa: E402
 from send_path import BODY, TOPIC  # noqa: E402
 

@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, when n
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipelines.ingest import DEFAULT_SPLIT_BYTES
+    from pipelines.sources.options import DEFAULT_SPLIT_BYTES
     from pipelines.job_args import add_payload_schemas_arg, add_store_lake_args
-    from pipelines.stream import add_stream_args
+    from pipelines.stream_args import add_stream_args
 
     ap = argparse.ArgumentParser(prog="ingest_commitlog.py", description=__doc__.split("\n\n")[0])
     add_store_lake_args(ap)
@@ -51,7 +51,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--checkpoint, --max-batches and --until-idle go with --follow")
     if args.split_bytes <= 0:
         ap.error("--split-bytes must be > 0")
-    from pipelines.ingest import ingest
     from pipelines.job_args import configure_job_logging, job_session, resolve_store_lake
     from pipelines.payloads.errors import PayloadSchemaError
     from pipelines.storage import StorageError
@@ -60,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
     stores, lake = resolve_store_lake(ap, args)
     try:
-        with job_session("rocketlake-ingest", args.master) as spark:
+        with job_session("rocketlake-ingest", args.master, warm=["pipelines.ingest"]) as spark:
+            from pipelines.ingest import ingest
+
             for summary in ingest(spark, stores, lake, split_bytes=args.split_bytes, until_offset=args.until_offset,
                                   payload_schemas=args.payload_schemas):
                 print(f"ingest {summary.line()}", flush=True)

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, when n
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipelines.ingest import DEFAULT_SPLIT_BYTES
+    from pipelines.sources.options import DEFAULT_SPLIT_BYTES
     from pipelines.job_args import add_payload_schemas_arg, add_store_lake_args
-    from pipelines.stream import add_stream_args
+    from pipelines.stream_args import add_stream_args
 
     ap = argparse.ArgumentParser(prog="stream_commitlog.py", description=__doc__.split("\n\n")[0])
     add_store_lake_args(ap)

@@ -1,11 +1,12 @@
-"""Spark Python Data Sources (PySpark 4 ``pyspark.sql.datasource``) over RocketMQ broker stores."""
+"""Spark Python Data Sources (PySpark 4 ``pyspark.sql.datasource``) over RocketMQ broker stores.
 
-from pipelines.sources.rocketmq import (
-    RocketMQConsumeQueueDataSource,
-    RocketMQDataSource,
-    RocketMQIndexDataSource,
-    register_sources,
-)
+The names below are loaded on first use (PEP 562), so that importing a light submodule
+(``pipelines.sources.options``, e.g. for a job's argument parser) does not load the readers and
+their decoder's compiled kernels."""
+
+from __future__ import annotations
+
+import importlib
 
 __all__ = [
     "RocketMQConsumeQueueDataSource",
@@ -13,3 +14,9 @@ __all__ = [
     "RocketMQIndexDataSource",
     "register_sources",
 ]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        return getattr(importlib.import_module("pipelines.sources.rocketmq"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
