@@ -184,15 +184,18 @@ def job_session(app_name: str, master: str | None, warm: Iterable[str] = ()) -> 
     Why: the driver's imports (pyarrow, deltalake, the numba kernels loaded from their cache: ~1.5-3 s
     on this machine) and the JVM's SparkContext start (~2 s) are independent, and in sequence they are
     a fixed cost of every job. A failed import is left for the job's own import statement to raise."""
-    warming = threading.Thread(target=_import_all, args=(list(warm),), name="rocketlake-imports", daemon=True)
-    warming.start()
+    warm = list(warm)
+    warming = threading.Thread(target=_import_all, args=(warm,), name="rocketlake-imports", daemon=True) if warm else None
+    if warming is not None:
+        warming.start()
     from pyspark.sql import SparkSession
 
     from pipelines.session import build_session
 
     owned = SparkSession.getActiveSession() is None
     spark = build_session(app_name, master)
-    warming.join()
+    if warming is not None:
+        warming.join()
     try:
         yield spark
     finally:

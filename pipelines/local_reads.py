@@ -57,9 +57,7 @@ def read_into(path: str, view: memoryview, offset: int, cached: bool | None = No
     n = len(view)
     fd = os.open(path, os.O_RDONLY)
     try:
-        if cached is None and n >= DIRECT_MIN_BYTES and _O_DIRECT:
-            cached = is_cached(fd, offset, n)
-        if n >= DIRECT_MIN_BYTES and _O_DIRECT and cached is False:
+        if n >= DIRECT_MIN_BYTES and _O_DIRECT and not (is_cached(fd, offset, n) if cached is None else cached):
             a, b = _aligned_span(view, offset)
             if b > a:
                 got, at_end = _read_direct(path, view[a:b], offset + a)

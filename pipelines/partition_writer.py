@@ -164,11 +164,9 @@ class PartitionJob:
         fanned = self.fanned
 
         def collect_rows(i: int, part: InputPartition) -> bytes:
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, collects[i].schema) as out:
-                for rows in collects[i].reader.read(part):
-                    out.write_batch(rows.cast(collects[i].schema) if rows.schema != collects[i].schema else rows)
-            return sink.getvalue().to_pybytes()
+            schema = collects[i].schema
+            return _ipc(schema, (rows.cast(schema) if rows.schema != schema else rows
+                                 for rows in collects[i].reader.read(part)))
 
         def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             _worker_logging()
@@ -190,7 +188,7 @@ class PartitionJob:
                         for name, message in done.items():
                             yield _result(kind, i, name, json.dumps(asdict(message)), None)
                         if side:
-                            yield _result(_SIDE, i, None, None, _ipc(side))
+                            yield _result(_SIDE, i, None, None, _ipc(side[0].schema, side))
 
         try:
             rows = spark.range(0, len(units), 1, len(units)).mapInArrow(task, _RESULT_SCHEMA).toArrow()
@@ -289,9 +287,10 @@ _RESULT_SCHEMA = "kind int, index int, table string, commit_message string, rows
 _SIDE = 2  # a result's kind: a write task's side rows (0: a table's commit message, 1: collected rows)
 
 
-def _ipc(batches: list[pa.RecordBatch]) -> bytes:
+def _ipc(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> bytes:
+    """``batches`` as one Arrow IPC stream (how a task's rows travel back to the driver)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batches[0].schema) as out:
+    with pa.ipc.new_stream(sink, schema) as out:
         for b in batches:
             out.write_batch(b)
     return sink.getvalue().to_pybytes()
