@@ -19,6 +19,7 @@ data-source DataFrame is the path (Spark's own ``delta`` writer then does the Pa
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -45,6 +46,18 @@ def _worker_logging() -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _freeze_heap() -> None:
+    """Move every object alive now into the collector's permanent generation (``gc.freeze``).
+
+    Why: PySpark's daemon runs a full ``gc.collect()`` each time a reused Python worker finishes a
+    task, and a full collection walks every tracked object, most of them the modules the worker
+    imported (pyspark, pyarrow, numba, pandas). Measured on a 4 GiB ingest: 25 such collections of
+    80-150 ms each, ~2 CPU-s of a job that frees nothing with them. A task starts right after such a
+    collection, so what is alive then is the worker's long-lived state, not garbage; once frozen it is
+    no longer walked. What the tasks allocate is collected as before."""
+    gc.freeze()
 
 
 def _describe(part: InputPartition) -> str:
@@ -170,6 +183,7 @@ class PartitionJob:
 
         def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             _worker_logging()
+            _freeze_heap()
             for batch in batches:
                 for u in batch.column(0).to_pylist():
                     for index in units[u]:

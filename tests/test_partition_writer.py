@@ -175,3 +175,22 @@ def test_a_collection_of_chosen_partitions_reads_only_those(spark) -> None:
     reader = _wrap(_Reader(4))
     got = collect_partitions(spark, reader, SCHEMA, [_Numbered(1), _Numbered(3)])
     assert sorted(got.column("commitlog_offset").to_pylist()) == [*range(100, 200), *range(300, 400)]
+
+
+class _HeapProbe(_Reader):
+    """One row per partition: how many objects the worker's collector holds frozen while it reads."""
+
+    def read(self, partition):
+        import gc
+        yield pa.RecordBatch.from_pydict({"part": [str(partition.value)], "commitlog_offset": [gc.get_freeze_count()],
+                                          "value": [None]}, schema=SCHEMA)
+
+
+def test_tasks_run_with_the_workers_imports_frozen_out_of_the_collector(spark) -> None:
+    """PySpark's daemon runs a full collection after every task of a reused worker: with the worker's
+    long-lived objects frozen (what was alive when the task started), it no longer walks them."""
+    from pipelines.partition_writer import collect_partitions
+
+    got = collect_partitions(spark, _wrap(_HeapProbe(3)), SCHEMA)
+    assert got.num_rows == 3
+    assert min(got.column("commitlog_offset").to_pylist()) > 10_000  # pyspark and pyarrow's own, at least
