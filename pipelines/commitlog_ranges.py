@@ -357,6 +357,10 @@ def decode_range(seg: SegmentFile, start: int, end: int, *, search_first: bool |
 # written. The rows are the same: a piece starts where the self-identifying rule finds its first
 # record, exactly as a split does.
 PIECE_BYTES = 64 * 1024 * 1024
+# The first pieces are smaller (this size, then four times the one before, up to PIECE_BYTES): the
+# first read is the one a task waits for, and each later piece is read while the smaller one
+# before it is decoded.
+FIRST_PIECE_BYTES = 4 * 1024 * 1024
 
 _reader: ThreadPoolExecutor | None = None
 _reader_pid = 0
@@ -373,15 +377,28 @@ def _background_reads() -> ThreadPoolExecutor:
         return _reader
 
 
+def piece_bounds(start: int, end: int, piece_bytes: int = PIECE_BYTES,
+                 first_bytes: int = FIRST_PIECE_BYTES) -> list[tuple[int, int]]:
+    """``[start, end)`` cut into pieces: the first of ``first_bytes``, each next one four times the
+    one before, up to ``piece_bytes`` (one empty piece for an empty range)."""
+    if end <= start:
+        return [(start, end)]
+    pieces, at, size = [], start, max(1, min(first_bytes, piece_bytes))
+    while at < end:
+        pieces.append((at, min(end, at + size)))
+        at, size = pieces[-1][1], min(max(1, piece_bytes), size * 4)
+    return pieces
+
+
 def decode_pieces(seg: SegmentFile, start: int, end: int, *, search_first: bool | None = None,
-                  piece_bytes: int = PIECE_BYTES, stats: DecodeStats | None = None,
-                  walked: list[WalkPiece] | None = None, **decode) -> Iterator[pa.RecordBatch]:
-    """:func:`decode_range` of ``[start, end)`` in pieces of ``piece_bytes``, the next piece's buffer
+                  piece_bytes: int = PIECE_BYTES, first_bytes: int = FIRST_PIECE_BYTES,
+                  stats: DecodeStats | None = None, walked: list[WalkPiece] | None = None,
+                  **decode) -> Iterator[pa.RecordBatch]:
+    """:func:`decode_range` of ``[start, end)`` in the pieces of :func:`piece_bounds`, the next piece's buffer
     read in the background while a piece is decoded (see :data:`PIECE_BYTES`); ``walked`` gets each
     decoded piece's :class:`~pipelines.walk_pieces.WalkPiece`; ``decode``: :func:`decode_range`'s
     other keywords."""
-    bounds = [*range(start, end, max(1, piece_bytes)), end] if end > start else [start, end]
-    pieces = list(zip(bounds, bounds[1:]))
+    pieces = piece_bounds(start, end, piece_bytes, first_bytes)
     first = (start != 0) if search_first is None else search_first
     stats = stats if stats is not None else DecodeStats()
     pending: Future[RangeBuffer] | None = None

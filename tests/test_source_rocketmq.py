@@ -635,8 +635,27 @@ def _spy_direct(real, into: list[int], *args):
     return got
 
 
-@pytest.mark.parametrize("piece_bytes", [7_000, 65_536, 1 << 30])
-def test_a_split_decoded_in_pieces_gives_the_rows_of_one_read(golden_store, golden_records, tmp_path, piece_bytes):
+def test_pieces_grow_from_the_first_to_the_full_size() -> None:
+    """The first piece (the read a task waits for) is small; each next one is four times the one
+    before, up to the piece size; the pieces tile the range."""
+    from pipelines.commitlog_ranges import FIRST_PIECE_BYTES, PIECE_BYTES, piece_bounds
+
+    mib = 1 << 20
+    assert (FIRST_PIECE_BYTES, PIECE_BYTES) == (4 * mib, 64 * mib)
+    got = piece_bounds(1 << 30, (1 << 30) + 256 * mib)
+    assert [b - a for a, b in got] == [4 * mib, 16 * mib, 64 * mib, 64 * mib, 64 * mib, 44 * mib]
+    assert got[0][0] == 1 << 30 and all(b == c for (_, b), (c, _) in zip(got, got[1:]))
+    assert piece_bounds(0, 3 * mib) == [(0, 3 * mib)]
+    assert piece_bounds(10, 40_000, 7_000, 1_000) == [(10, 1_010), (1_010, 5_010), (5_010, 12_010), (12_010, 19_010),
+                                                       (19_010, 26_010), (26_010, 33_010), (33_010, 40_000)]
+    assert piece_bounds(0, 20_000, 7_000) == [(0, 7_000), (7_000, 14_000), (14_000, 20_000)]
+    assert piece_bounds(500, 500) == [(500, 500)]
+
+
+@pytest.mark.parametrize("piece_bytes, first_bytes", [(7_000, 7_000), (65_536, 1_000), (1 << 30, 1 << 30),
+                                                      (1 << 30, 4 << 20)])
+def test_a_split_decoded_in_pieces_gives_the_rows_of_one_read(golden_store, golden_records, tmp_path, piece_bytes,
+                                                              first_bytes):
     """decode_pieces: a range cut into pieces (each read on the background thread while the one
     before is decoded) gives the rows of one decode_range, damaged regions included (where a walk
     stops inside damage may differ: decode stats describe the reads, the findings walk the file),
@@ -649,7 +668,8 @@ def test_a_split_decoded_in_pieces_gives_the_rows_of_one_read(golden_store, gold
         for start, end in ((0, seg.data_len), (1000, seg.data_len // 2), (seg.data_len // 3, seg.data_len)):
             whole, pieces = DecodeStats(), DecodeStats()
             want = pa.Table.from_batches(list(decode_range(seg, start, end, stats=whole)), schema=RECORD_SCHEMA)
-            got = pa.Table.from_batches(list(decode_pieces(seg, start, end, stats=pieces, piece_bytes=piece_bytes)),
+            got = pa.Table.from_batches(list(decode_pieces(seg, start, end, stats=pieces, piece_bytes=piece_bytes,
+                                                          first_bytes=first_bytes)),
                                         schema=RECORD_SCHEMA)
             assert got.equals(want), (seg.name, start, end)
             assert pieces.records == whole.records == got.num_rows
