@@ -143,29 +143,36 @@ class _Map:
 
 _POOL: list[_Map] = []
 _POOL_LOCK = threading.Lock()
-_POOL_SIZE = 2
+# three maps: the piece being decoded, the next one being read, and the one before, which the
+# consumer's last batch (its bodies point into it) may still hold while the next read starts
+_POOL_SIZE = 3
+# A pooled map keeps its pages between uses and only grows: each use sees the first ``length``
+# bytes of it. Why: a page the kernel hands out again costs a fault and zeroing, ~1 s per GiB on
+# this project's benchmark VM; shrinking a map to each piece's size and growing it back faulted
+# ~40,000 pages per 256 MiB split. A map larger than this (a walk to a segment's end) is not kept.
+_POOL_KEEP_BYTES = 256 * 1024 * 1024
 
 
 def _acquire(length: int) -> _Map:
-    """A map of exactly ``length`` bytes, reusing a pooled one that no Arrow array points into
+    """A map of at least ``length`` bytes, reusing a pooled one that no Arrow array points into
     any more (its already-faulted pages are what makes reuse cheap)."""
     with _POOL_LOCK:
         for i, m in enumerate(_POOL):
-            try:
-                m.mm.resize(length)  # refused while buffers are exported (zero-copy bodies alive)
+            try:  # refused while buffers are exported (zero-copy bodies alive); grows if needed
+                m.mm.resize(max(len(m.mm), length))
             except BufferError:
                 continue
             del _POOL[i]
-            m.dirty = min(m.dirty, length)
             return m
     return _Map(length)
 
 
 def _release(m: _Map) -> None:
-    with _POOL_LOCK:
-        if len(_POOL) < _POOL_SIZE:
-            _POOL.append(m)
-            return
+    if len(m.mm) <= _POOL_KEEP_BYTES:
+        with _POOL_LOCK:
+            if len(_POOL) < _POOL_SIZE:
+                _POOL.append(m)
+                return
     try:
         m.mm.close()
     except BufferError:  # Arrow arrays still point into it; the GC unmaps it after them
@@ -203,7 +210,7 @@ class RangeBuffer:
         self.lo = lo
         length = (seg.data_len if to_file_end else min(hi, seg.data_len)) - lo
         self._map = _acquire(length) if length > 0 else None
-        self.buf = self._map.mm if self._map is not None else b""
+        self.buf = memoryview(self._map.mm)[:length] if self._map is not None else b""
         self.read_end = lo  # file position up to which buf holds the file's bytes
         self.fill(hi, cached)
 
@@ -230,13 +237,17 @@ class RangeBuffer:
                 if got < b - a:  # the file shrank under us: what is missing reads as zeros
                     view[a + got:b] = bytes(b - a - got)
             self.read_end = hi
-        m, b = self._map, self.read_end - self.lo
-        if m.dirty > b:
-            page = min(-(-b // _PAGE) * _PAGE, m.dirty)
+        m, b, n = self._map, self.read_end - self.lo, len(self.buf)
+        if m.dirty > b:  # clear what an earlier use left in this view past the bytes read
+            clear_to = min(m.dirty, n)
+            page = min(-(-b // _PAGE) * _PAGE, clear_to)
             self.buf[b:page] = bytes(page - b)
-            if m.dirty > page:
-                self.buf.madvise(mmap.MADV_DONTNEED, page, m.dirty - page)
-        m.dirty = b
+            if clear_to > page:
+                m.mm.madvise(mmap.MADV_DONTNEED, page, clear_to - page)
+            if m.dirty <= n:
+                m.dirty = b
+        else:
+            m.dirty = b
 
     def rest_is_zero(self) -> bool:
         """Whether the file is all zeros from :attr:`read_end` to its data end (read in pieces, not kept)."""
@@ -255,7 +266,11 @@ class RangeBuffer:
 
     def close(self) -> None:
         if self._map is not None:
-            m, self._map, self.buf = self._map, None, b""
+            m, view, self._map, self.buf = self._map, self.buf, None, b""
+            try:
+                view.release()
+            except BufferError:  # Arrow arrays still point into it: the pool skips the map until they are gone
+                pass
             _release(m)
         if self._file_map is not None:
             fm, self._file_map, self.buf = self._file_map, None, b""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from numba import njit, types
@@ -127,13 +128,25 @@ def is_record_start(buf, pos: int, seg_base: int, seg_size: int) -> bool:
     return _PHYS.unpack_from(buf, pos + POS_PHYSICAL_OFFSET)[0] == seg_base + pos
 
 
+def _window_find(buf) -> Callable[[bytes, int, int], int]:
+    """``bytes.find`` over ``buf[start:stop]`` for a buffer without ``find``, copying that window
+    only (the whole buffer, tens of MiB, would be copied for a hit a few bytes in)."""
+    view = memoryview(buf).cast("B")
+
+    def find(pattern: bytes, start: int, stop: int) -> int:
+        hit = bytes(view[start:stop]).find(pattern)
+        return hit + start if hit >= 0 else -1
+    return find
+
+
 def find_record_start(buf, pos: int, limit: int, seg_base: int, seg_size: int) -> int | None:
     """First self-identifying record start at or after ``pos`` and before ``limit``, else None.
 
-    Searches for the magic bytes with the buffer's C-level ``find`` (bytes and mmap both have it)
-    and checks each candidate; magic bytes inside bodies are rejected by the offset check.
+    Searches for the magic bytes with the buffer's C-level ``find`` (bytes and mmap both have it;
+    other buffers, e.g. a memoryview of a pooled map, copy only the window searched) and checks each
+    candidate; magic bytes inside bodies are rejected by the offset check.
     """
-    finder = buf.find if hasattr(buf, "find") else bytes(buf).find
+    finder = buf.find if hasattr(buf, "find") else _window_find(buf)
     limit = min(limit, seg_size)
     cursor = pos
     # search window by window: a pattern absent from the split (e.g. V2 magic in a V1 store) would
