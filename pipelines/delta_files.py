@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from pipelines import local_writes
 from pipelines.storage import Location
 
 log = logging.getLogger(__name__)
@@ -348,7 +349,7 @@ class _DataFile:
         self.nan_columns: set[str] = set()
         self._float_columns = [f.name for f in declared if pa.types.is_floating(f.type)]
         self._metadata: list[pq.FileMetaData] = []
-        self._stream = fs.open_output_stream(path)
+        self._stream = local_writes.open_output(fs, path)
         try:
             # a view column is stored as the same Parquet column as its plain type; the embedded
             # Arrow schema would name the view type, so it is left out then
