@@ -38,10 +38,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import mmap
-import os
 import re
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -55,6 +54,7 @@ from broker.store import findings as fk
 from broker.store.findings import Finding
 from broker.store.record_scan import ScanResult, is_record_start, scan_records
 from pipelines import local_reads
+from pipelines.process_thread import ProcessThread
 from pipelines.storage import Location
 from pipelines.walk_pieces import WalkPiece
 from pipelines.store_files import StoreFiles
@@ -377,19 +377,7 @@ PIECE_BYTES = 64 * 1024 * 1024
 # before it is decoded.
 FIRST_PIECE_BYTES = 4 * 1024 * 1024
 
-_reader: ThreadPoolExecutor | None = None
-_reader_pid = 0
-_reader_lock = threading.Lock()
-
-
-def _background_reads() -> ThreadPoolExecutor:
-    """This process's reading thread (made again after a fork: threads do not survive one)."""
-    global _reader, _reader_pid
-    with _reader_lock:
-        if _reader is None or _reader_pid != os.getpid():
-            _reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rocketlake-range-read")
-            _reader_pid = os.getpid()
-        return _reader
+_reads = ProcessThread("rocketlake-range-read")  # this process's background reads of the next piece
 
 
 def piece_bounds(start: int, end: int, piece_bytes: int = PIECE_BYTES,
@@ -422,7 +410,7 @@ def decode_pieces(seg: SegmentFile, start: int, end: int, *, search_first: bool 
             current, pending = pending, None
             if n + 1 < len(pieces):
                 na, nb = pieces[n + 1]
-                pending = _background_reads().submit(RangeBuffer, seg, na, seg.window_end(nb), to_file_end=False)
+                pending = _reads.submit(RangeBuffer, seg, na, seg.window_end(nb), to_file_end=False)
             piece = DecodeStats()
             yield from decode_range(seg, a, b, search_first=first if n == 0 else True, buffer=current,
                                     stats=piece, **decode)

@@ -23,11 +23,12 @@ import io
 import mmap
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import pyarrow.fs as pafs
 
 from pipelines.local_reads import ALIGN
+from pipelines.process_thread import ProcessThread
 
 BLOCK_BYTES = 4 * 1024 * 1024  # one direct write (a few ms at this disk's ~1.8 GB/s)
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
@@ -36,18 +37,7 @@ _POOL: list[mmap.mmap] = []
 _POOL_LOCK = threading.Lock()
 _POOL_SIZE = 8  # two per open file; a task writes a file per table partition it meets
 
-_writer: ThreadPoolExecutor | None = None
-_writer_pid = 0
-
-
-def _background_writes() -> ThreadPoolExecutor:
-    """This process's writing thread (made again after a fork: threads do not survive one)."""
-    global _writer, _writer_pid
-    with _POOL_LOCK:
-        if _writer is None or _writer_pid != os.getpid():
-            _writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rocketlake-direct-write")
-            _writer_pid = os.getpid()
-        return _writer
+_writes = ProcessThread("rocketlake-direct-write")  # this process's background block writes
 
 
 def _acquire() -> mmap.mmap:
@@ -142,7 +132,7 @@ class DirectFile(io.RawIOBase):
     def _hand_off(self) -> None:
         """Start writing the full block on the background thread; fill the other one meanwhile."""
         self._wait()
-        self._pending = _background_writes().submit(_write_all, self._fd, self._views[self._cur], self._written)
+        self._pending = _writes.submit(_write_all, self._fd, self._views[self._cur], self._written)
         self._written += BLOCK_BYTES
         self._cur ^= 1
         self._fill = 0

@@ -676,4 +676,4 @@ def test_a_split_decoded_in_pieces_gives_the_rows_of_one_read(golden_store, gold
     early = decode_pieces(seg, 0, seg.data_len, piece_bytes=7_000)
     next(early)
     early.close()
-    assert commitlog_ranges._background_reads().submit(lambda: "idle").result(timeout=10) == "idle"
+    assert commitlog_ranges._reads.submit(lambda: "idle").result(timeout=10) == "idle"
