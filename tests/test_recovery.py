@@ -249,8 +249,9 @@ def test_undispatched_records_are_redispatched(tmp_path, crashed):
     st = open_store(root)
     rep = st.recovery
     assert rep.abnormal is crashed
-    assert (rep.dispatch_from, rep.redispatched, rep.bytes_truncated) == \
-        (puts[-1].physical_offsets[0] + puts[-1].wrote_bytes, 5, 0)
+    # after a crash re-dispatch starts a file before the last queued record (here: the store's start)
+    last_end = puts[-1].physical_offsets[0] + puts[-1].wrote_bytes
+    assert (rep.dispatch_from, rep.redispatched, rep.bytes_truncated) == (0 if crashed else last_end, 5, 0)
     assert st.max_offset("TopicA", 0) == 15
     assert bodies(st, "TopicA", range(1)) == [f"m{i}".encode() * 3 for i in range(15)]
     assert len(st.query_by_key("TopicA", "k12").physical_offsets) == 1
@@ -265,11 +266,29 @@ def test_lost_queue_units_are_rebuilt_without_duplicate_index_entries(tmp_path):
     cq = root / "consumequeue" / "TopicA" / "0" / offset_to_file_name(0)
     write_at(cq, 9 * 20, bytes(3 * 20))  # the last 3 units never reached the file
     st = open_store(root)
-    assert (st.recovery.dispatch_from, st.recovery.redispatched) == \
-        (puts[8].physical_offsets[0] + puts[8].wrote_bytes, 3)
+    assert (st.recovery.dispatch_from, st.recovery.redispatched) == (0, 3)  # crashed: from a file back
     assert bodies(st, "TopicA", range(1)) == [f"m{i}".encode() * 3 for i in range(12)]
     for i in (9, 10, 11):  # already indexed before the crash: not indexed twice
         assert st.dispatcher.index.query_offsets("TopicA", f"k{i}") == [puts[i].physical_offsets[0]]
+    st.close()
+    assert_clean(root)
+
+
+def test_a_run_killed_between_its_queues_loses_no_unit_and_no_queue_offset(tmp_path):
+    """The dispatcher writes a run queue by queue: a kill can leave queue 0's unit for a later record
+    written and queue 1's units for earlier ones not (seen in the SIGKILL crash suite: a queue offset
+    given twice). Recovery re-dispatches from a file back, so queue 1 gets its units, in order, and
+    the next message to it the next offset."""
+    root = tmp_path / "s"
+    puts = crashed_store(root, n=12, queues=2)  # queue 0: m0, m2, ... m10; queue 1: m1, m3, ... m11
+    cq1 = root / "consumequeue" / "TopicA" / "1" / offset_to_file_name(0)
+    write_at(cq1, 4 * 20, bytes(2 * 20))  # m9 and m11 never reached queue 1; m10 reached queue 0
+    assert puts[9].physical_offsets[0] < puts[10].physical_offsets[0]
+    st = open_store(root)
+    assert (st.recovery.dispatch_from, st.recovery.redispatched) == (0, 2)
+    assert st.max_offset("TopicA", 1) == 6
+    assert bodies(st, "TopicA", range(2)) == [f"m{i}".encode() * 3 for i in [*range(0, 12, 2), *range(1, 12, 2)]]
+    assert st.put_message(msg(13, 1)).queue_offset == 6
     st.close()
     assert_clean(root)
 

@@ -6,8 +6,9 @@
 ``check_crc_on_recover``), stops at the first invalid one, zeroes the torn tail and deletes later
 files; then trims consume-queue units that point at or past the recovered end and rewinds an index
 that got ahead of it. :func:`redispatch` then feeds everything after the largest CQ-referenced offset
-through the store's :class:`~broker.engine.dispatch.Dispatcher` (idempotent), which also covers
-a broker that stopped between append and dispatch without crashing.
+(after a crash: from the file before that record's, see :func:`_torn_run_start`) through the store's
+:class:`~broker.engine.dispatch.Dispatcher` (idempotent), which also covers a broker that stopped
+between append and dispatch without crashing.
 
 Apache replays abnormal recoveries from the checkpoint's file; here the queues' own tails decide
 where re-dispatch starts, which is exact for a killed process (every byte it wrote is in the page
@@ -452,7 +453,24 @@ def repair(store_dir: str | os.PathLike, settings: StoreSettings, abnormal: bool
     rewind_index(store_dir, settings, end, report)
     ends = [t.max_phy_end for t in report.queue_tails.values() if t.max_phy_end >= 0]
     report.dispatch_from = max(ends) if ends else report.commitlog_min_offset
+    if abnormal and ends:
+        report.dispatch_from = _torn_run_start(max(ends), settings.segment_bytes, report.commitlog_min_offset)
     return report
+
+
+def _torn_run_start(last_end: int, seg_size: int, min_offset: int) -> int:
+    """Where re-dispatch starts after a crash: the start of the commitlog file before the one that
+    holds the last queued record (a record boundary), not just past that record.
+
+    Why: the dispatcher writes a run of records queue by queue (``Dispatcher.dispatch_run``; a run
+    lies within one file, and a batch of the in-process path may just cross into the next one), so a
+    kill in the middle of a run can leave one queue's unit for a later record written and another
+    queue's unit for an earlier record not. Starting after the latest unit of any queue would skip
+    that record for good: its queue would lack it and give its queue offset to the next message.
+    Every run before the interrupted one had finished, so nothing before this start is missing;
+    what lies between is dispatched again, which the dispatcher skips (idempotent)."""
+    file_of_last = (last_end - 1) // seg_size
+    return max(min_offset, (file_of_last - 1) * seg_size)
 
 
 def redispatch(report: RecoveryReport, dispatcher: Dispatcher, store_dir: str | os.PathLike,
