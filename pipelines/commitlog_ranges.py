@@ -244,9 +244,7 @@ class RangeBuffer:
             self.buf[b:page] = bytes(page - b)
             if clear_to > page:
                 m.mm.madvise(mmap.MADV_DONTNEED, page, clear_to - page)
-            if m.dirty <= n:
-                m.dirty = b
-        else:
+        if m.dirty <= n:  # else the map past this view still holds an earlier use's bytes
             m.dirty = b
 
     def rest_is_zero(self) -> bool:

@@ -12,8 +12,8 @@ copied into a page-aligned block (pooled per process, see :data:`BLOCK_BYTES`), 
 is written with ``O_DIRECT`` on a background thread while the file's other block fills (a direct
 write waits for the disk; in the task's own thread that was 6-8 s of idle cores on the 16 GiB
 store). At close, the last partial page goes through the page cache (``O_DIRECT`` needs whole
-blocks). A filesystem that refuses ``O_DIRECT`` (tmpfs) or a platform
-without it gets plain writes from the same buffer.
+blocks). A filesystem that refuses ``O_DIRECT`` (tmpfs before Linux 6.6) or a
+platform without it gets plain writes from the same buffers.
 """
 
 from __future__ import annotations
@@ -123,12 +123,6 @@ class DirectFile(io.RawIOBase):
             self._release()
             super().close()
 
-    def discard(self) -> None:
-        """Close without writing what is buffered (the caller removes the file)."""
-        if not self.closed:
-            self._release()
-            super().close()
-
     def _hand_off(self) -> None:
         """Start writing the full block on the background thread; fill the other one meanwhile."""
         self._wait()
@@ -146,7 +140,7 @@ class DirectFile(io.RawIOBase):
     def _release(self) -> None:
         try:
             self._wait()
-        except OSError:  # a failed write, already raised to the writer or of a file being discarded
+        except OSError:  # a failed write, already raised to the writer
             pass
         if self._fd >= 0:
             fd, self._fd = self._fd, -1

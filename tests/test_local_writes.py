@@ -92,8 +92,8 @@ def test_a_failed_write_is_raised_and_its_blocks_go_back_to_the_pool(tmp_path, m
     with pytest.raises(OSError, match="No space left"):
         for _ in range(3):
             f.write(bytes(BLOCK_BYTES))
-    f.discard()
     monkeypatch.setattr(local_writes.os, "pwrite", real)
+    f.close()
     assert len(local_writes._POOL) == 2 and f.closed
     again = DirectFile(str(tmp_path / "again.bin"))
     assert not local_writes._POOL  # both blocks reused

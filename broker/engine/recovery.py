@@ -11,8 +11,9 @@ that got ahead of it. :func:`redispatch` then feeds everything after the largest
 between append and dispatch without crashing.
 
 Apache replays abnormal recoveries from the checkpoint's file; here the queues' own tails decide
-where re-dispatch starts, which is exact for a killed process (every byte it wrote is in the page
-cache) and keeps restarts fast. Index files are not deleted by checkpoint time; entries that point
+where re-dispatch starts (every byte a killed process wrote is in the page cache; after a crash the
+start moves back a file, for a dispatch run the kill cut between its queues), which keeps restarts
+fast. Index files are not deleted by checkpoint time; entries that point
 past the recovered end are made harmless by rewinding the last file's end offset (queries verify
 keys against the records anyway).
 """
@@ -452,9 +453,12 @@ def repair(store_dir: str | os.PathLike, settings: StoreSettings, abnormal: bool
         report.queue_tails[(topic, qid)] = trim_queue(directory, settings.cq_file_bytes, end, report)
     rewind_index(store_dir, settings, end, report)
     ends = [t.max_phy_end for t in report.queue_tails.values() if t.max_phy_end >= 0]
-    report.dispatch_from = max(ends) if ends else report.commitlog_min_offset
-    if abnormal and ends:
+    if not ends:
+        report.dispatch_from = report.commitlog_min_offset
+    elif abnormal:
         report.dispatch_from = _torn_run_start(max(ends), settings.segment_bytes, report.commitlog_min_offset)
+    else:
+        report.dispatch_from = max(ends)
     return report
 
 
@@ -475,7 +479,7 @@ def _torn_run_start(last_end: int, seg_size: int, min_offset: int) -> int:
 
 def redispatch(report: RecoveryReport, dispatcher: Dispatcher, store_dir: str | os.PathLike,
                settings: StoreSettings) -> int:
-    """Dispatch every record after the largest CQ-referenced offset, then log the report."""
+    """Dispatch every record from ``report.dispatch_from`` (see :func:`repair`), then log the report."""
     if report.dispatch_from < report.commitlog_end:
         commitlog = CommitLog.open(store_dir, settings.segment_bytes)
         report.redispatched = dispatcher.catch_up(report.dispatch_from, report.commitlog_end, commitlog)
