@@ -53,7 +53,7 @@ from broker.store.record_layout import POS_PHYSICAL_OFFSET
 from broker.store import findings as fk
 from broker.store.findings import Finding
 from broker.store.record_scan import ScanResult, is_record_start, scan_records
-from pipelines import local_reads
+from pipelines import local_reads, worker_memory
 from pipelines.process_thread import ProcessThread
 from pipelines.storage import Location
 from pipelines.walk_pieces import WalkPiece
@@ -165,6 +165,22 @@ def _acquire(length: int) -> _Map:
             del _POOL[i]
             return m
     return _Map(length)
+
+
+@worker_memory.keeps
+def release_pool() -> int:
+    """Unmap the pooled maps (a map Arrow still points into is unmapped by the GC after it); the
+    bytes they spanned. For a worker done with splits (:mod:`pipelines.worker_memory`)."""
+    with _POOL_LOCK:
+        maps = list(_POOL)
+        _POOL.clear()
+    freed = sum(len(m.mm) for m in maps)
+    for m in maps:
+        try:
+            m.mm.close()
+        except BufferError:
+            pass
+    return freed
 
 
 def _release(m: _Map) -> None:

@@ -37,6 +37,7 @@ from pipelines.delta_writer import DeltaArrowWriter, DeltaCommitMessage, TaskFil
 from pipelines.lake import WriteResult, already_recorded, result_from_outcome, table_location
 from pipelines.sources.options import SideRows
 from pipelines.storage import Location
+from pipelines import worker_memory
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,7 @@ class PartitionJob:
         units = _units(len(tasks), self._large, max(1, int(spark.sparkContext.defaultParallelism)))
 
         fanned = self.fanned
+        n_large = self._large
 
         def collect_rows(i: int, part: InputPartition) -> bytes:
             schema = collects[i].schema
@@ -186,6 +188,8 @@ class PartitionJob:
             _freeze_heap()
             for batch in batches:
                 for u in batch.column(0).to_pylist():
+                    if units[u] and units[u][0] >= n_large:  # this worker is done with the large inputs
+                        worker_memory.give_back()
                     for index in units[u]:
                         kind, i, part = tasks[index]
                         if kind == 1:
@@ -292,7 +296,8 @@ class PartitionJob:
 
 def _units(n_tasks: int, n_large: int, cores: int) -> list[list[int]]:
     """Task indexes per Spark task: one per large input; the small ones (queues, index files: tens of
-    ms each, where a Spark task costs ~50 ms to start here) dealt round robin into one group per core."""
+    ms each, where a Spark task costs ~50 ms to start here) dealt round robin into one group per core.
+    A worker starts a group with :func:`pipelines.worker_memory.give_back`: it has no large input left."""
     small = list(range(n_large, n_tasks))
     return [[k] for k in range(n_large)] + [small[g::cores] for g in range(min(cores, len(small)))]
 

@@ -504,7 +504,7 @@ def test_launch_conf_is_what_every_launcher_passes():
     repo = Path(__file__).resolve().parents[1]
     assert LAUNCH_CONF_FILE == repo / "jobs" / "spark-submit.conf"
     java_options = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
-    file_conf = {"spark.driver.extraJavaOptions": java_options, "spark.executor.extraJavaOptions": java_options}
+    file_conf = {"spark.driver.extraJavaOptions": f"{java_options} -Xms96m", "spark.executor.extraJavaOptions": java_options}
     assert conf_file_settings() == file_conf
     archive = spark_cds.archive_path()
     option = f"-XX:SharedArchiveFile={archive}"  # make venv built it

@@ -194,3 +194,38 @@ def test_tasks_run_with_the_workers_imports_frozen_out_of_the_collector(spark) -
     got = collect_partitions(spark, _wrap(_HeapProbe(3)), SCHEMA)
     assert got.num_rows == 3
     assert min(got.column("commitlog_offset").to_pylist()) > 10_000  # pyspark and pyarrow's own, at least
+
+
+class _PoolingReader(_Reader):
+    """A large input's reader that leaves a map in the worker's commitlog read pool, as a split does."""
+
+    def read(self, partition):
+        from pipelines import commitlog_ranges
+
+        commitlog_ranges._release(commitlog_ranges._Map(1 << 20))
+        yield from super().read(partition)
+
+
+class _PoolProbe(_Reader):
+    """A small input's reader: one row per partition, holding how many maps the worker's pool keeps."""
+
+    def read(self, partition):
+        from pipelines import commitlog_ranges
+
+        yield pa.RecordBatch.from_pydict({"part": [str(partition.value)], "commitlog_offset": [len(commitlog_ranges._POOL)],
+                                          "value": [None]}, schema=SCHEMA)
+
+
+def test_a_worker_gives_back_its_split_read_maps_before_the_small_inputs(spark, tmp_path: Path) -> None:
+    """The maps pooled for the large inputs' reads are unmapped before a worker's group of small
+    inputs: their peak memory would otherwise grow with the store. (Both Python workers run large
+    tasks first, so without it a small input finds maps in its worker's pool.)"""
+    large = TableWrite(_wrap(_PoolingReader(8)), str(tmp_path), "large", SCHEMA, ["part"], app_id="t", app_version=1,
+                       order=lambda p: p.value)
+    small = TableWrite(_wrap(_PoolProbe(6)), str(tmp_path), "small", SCHEMA, ["part"], app_id="t", app_version=1)
+    job = PartitionJob([large, small])
+    job.run(spark)
+    for name in ("large", "small"):
+        job.commit(name)
+    left = pa.table(DeltaTable(str(tmp_path / "small")).to_pyarrow_table())["commitlog_offset"].to_pylist()
+    assert left == [0] * 6

@@ -82,6 +82,25 @@ def test_a_map_arrow_still_points_into_is_not_handed_out_again(seg, empty_pool):
         assert bytes(again.buf) == _file_bytes(seg, again.lo, 800_000)
 
 
+def test_a_worker_done_with_splits_gives_its_pooled_maps_back(seg, empty_pool):
+    """give_back unmaps every pooled map (also one Arrow still points into: its bytes stay valid
+    until the array goes), and reads after it work on fresh maps."""
+    from pipelines import worker_memory
+
+    with RangeBuffer(seg, 0, 300_000, to_file_end=False) as a, RangeBuffer(seg, 0, 100_000, to_file_end=False) as b:
+        held = pa.py_buffer(memoryview(b.buf)[10:20])
+        maps = [a._map, b._map]
+    assert {id(m) for m in empty_pool} == {id(m) for m in maps} and len(empty_pool) == 2
+    spans = sum(len(m.mm) for m in maps)
+    assert worker_memory.give_back() >= spans > 0
+    assert empty_pool == []
+    assert maps[0].mm.closed
+    assert held.to_pybytes() == _file_bytes(seg, 10, 20)
+    with RangeBuffer(seg, 0, 4096, to_file_end=False) as c:
+        assert c._map not in maps
+        assert bytes(c.buf) == _file_bytes(seg, 0, 4096)
+
+
 def test_record_search_over_a_memoryview_finds_what_it_finds_over_bytes(seg):
     """find_record_start over a buffer without ``find`` (a view of a pooled map) searches window
     by window and gives the same starts as over the same bytes."""
