@@ -52,7 +52,13 @@ SMOKE: dict[str, Smoke] = {
                         rf"^send rate, same run: no slave {NUM} msg/s .*; ASYNC_MASTER {NUM} msg/s .*; "
                         rf"SYNC_MASTER {NUM} msg/s"), timeout=150),
     "ingest": Smoke(("--sizes-gib", "0.01", "--broker-max-gib", "0.01", "--root", "{tmp}"),
-                    (rf"^ingest e2e\s+{NUM} MB/s\s+\({NUM} messages/s",
+                    (rf"^raw read\s+cold\s+{NUM} MB/s\s+warm\s+{NUM} MB/s",
+                     rf"^decode only\s+{NUM} MB/s\s+\({NUM} messages/s",
+                     rf"^ingest e2e\s+{NUM} MB/s\s+\({NUM} messages/s",
+                     rf"^ingest, job time\s+{NUM} MB/s",
+                     r"^ingest rows\s+messages ([\d,]+), consume_queue \1, index_entries [\d,]+, corrupt_records [\d,]+, "
+                     r"ingest_runs 1$",
+                     rf"^ingest peak memory\s+{NUM} MiB RSS, {NUM} MiB anonymous",
                      rf"^broker path\s+{NUM} MB/s",
                      rf"^ingest end to end\s+{NUM} MB/s\s+{NUM} messages/s"), spark=True, timeout=180),
     "replay": Smoke(("--messages", "300", "--rate", "200", "--root", "{tmp}", "--json", "{tmp}/replay.json"),

@@ -6,7 +6,6 @@ import datetime as dt
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -397,16 +396,6 @@ def test_app_version_replay_is_skipped(spark, lake_dir):
     assert lake.app_version(lake_dir, "m", "ingest-1") == 6
     assert DeltaTable(path).to_pyarrow_table().num_rows == 18
     assert set(DeltaTable(path).file_uris()) == _data_files(path)
-
-
-def wait_until(condition, what: str, timeout_s: float = 120.0, poll_s: float = 0.02) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout_s`` (a safety net
-    for a hung run, not a timing assumption)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(poll_s)
 
 
 def _failing_source():

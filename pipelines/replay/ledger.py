@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from pipelines.delta_commit import skip_reason
 from pipelines.lake import append_arrow, open_table, replace_arrow, scan_arrow, table_exists
 from pipelines.storage import Location
 from schemas.replay import (
@@ -106,8 +107,7 @@ class LedgerWriter:
                 return append_events(self.lake, events, self.app_id, self.version)
         else:
             self._table.update_incremental()
-        seen = self._table.transaction_version(self.app_id)
-        if seen is not None and seen >= self.version:
+        if skip_reason(self._table, self.app_id, self.version) is not None:
             return False
         write_deltalake(self._table, events, mode="append", partition_by=REPLAY_LEDGER_PARTITION_BY,
                         commit_properties=CommitProperties(
