@@ -6,6 +6,7 @@ STAMP := $(VENV)/.installed
 SPARK_CDS := $(VENV)/share/rocketlake/spark-driver.json
 JAVA_BINARY := $(realpath $(shell command -v java 2>/dev/null))
 DEMO_DIR ?= build/demo
+AZURITE := tests/azurite/node_modules/.bin/azurite-blob
 DEMO_DELAY_LEVELS := 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s
 
 .PHONY: venv test demo java-check clean
@@ -35,8 +36,15 @@ java-check:
 	@java -version 2>&1 | grep -q 'version "17' || { echo "error: Java 17 is needed by Spark; install it with 'apt-get install openjdk-17-jdk-headless' and put it on PATH (or set JAVA_HOME)"; exit 1; }
 
 # --durations: every run names its 25 slowest steps, so a suite that grows slower says where
-test: venv java-check
+test: venv java-check $(AZURITE)
 	$(BIN)/python -m pytest -q --durations=25
+
+# Azurite (Microsoft's Azure Storage emulator, from npm at the version tests/azurite/package-lock.json
+# pins): the Azure Blob endpoint of tests/test_ingest_azure.py, as moto_server is the S3 one
+$(AZURITE): tests/azurite/package.json tests/azurite/package-lock.json
+	@command -v npm >/dev/null || { echo "error: npm not found; the tests' Azure emulator (Azurite) comes from npm: install Node.js 18+ with npm (e.g. 'apt-get install nodejs npm')"; exit 1; }
+	cd tests/azurite && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
 
 # the Spark properties every launcher passes (jobs/spark-submit.conf's JVM options and the driver's class
 # archive), as --conf arguments from pipelines.job_args, when a recipe runs; shell-quoted (a JVM option
@@ -218,4 +226,4 @@ test-airflow: airflow venv java-check
 	SPARK_LOCAL_IP=127.0.0.1 $(AIRFLOW_BIN)/python -m pytest -q tests/airflow
 
 clean:
-	rm -rf build $(VENV) $(AIRFLOW_VENV)
+	rm -rf build $(VENV) $(AIRFLOW_VENV) tests/azurite/node_modules

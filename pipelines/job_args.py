@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
 
 import pyarrow.fs as pafs
 
-from pipelines.storage import Location, StorageError, parse_storage_options
+from pipelines.storage import AZURE_SCHEMES, Location, StorageError, parse_storage_options
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,9 @@ def resolve_store_lake(ap: argparse.ArgumentParser, args: argparse.Namespace) ->
     return stores, lake
 
 
-_BUCKET_SCHEMES = ("s3", "s3a", "gs", "gcs")
+# what an object store's first path level is called, by scheme
+_BUCKET_WORD = {"s3": "bucket", "s3a": "bucket", "gs": "bucket", "gcs": "bucket",
+                **dict.fromkeys(AZURE_SCHEMES, "container")}
 
 
 def _check_lake_storage(lake: Location) -> None:
@@ -158,8 +160,9 @@ def _check_lake_storage(lake: Location) -> None:
     fs, path = lake.filesystem()
     fs.get_file_info(path)  # raises OSError when the endpoint does not answer
     bucket = path.split("/", 1)[0]
-    if lake.scheme in _BUCKET_SCHEMES and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
-        raise StorageError(f"bucket {bucket!r} does not exist (or is not visible with these storage options)")
+    word = _BUCKET_WORD.get(lake.scheme)
+    if word and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+        raise StorageError(f"{word} {bucket!r} does not exist (or is not visible with these storage options)")
 
 
 def add_no_ingest_arg(ap: argparse.ArgumentParser) -> None:

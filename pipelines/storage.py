@@ -36,6 +36,28 @@ _S3_KEYS = {
     "AWS_ENDPOINT_URL": "endpoint_override",
     "AWS_ENDPOINT": "endpoint_override",
 }
+# delta-rs (object_store) Azure option names → pyarrow AzureFileSystem keyword arguments
+_AZURE_KEYS = {
+    "AZURE_STORAGE_ACCOUNT_NAME": "account_name",
+    "AZURE_STORAGE_ACCOUNT_KEY": "account_key",
+    "AZURE_STORAGE_ACCESS_KEY": "account_key",
+    "AZURE_STORAGE_MASTER_KEY": "account_key",
+    "AZURE_STORAGE_SAS_KEY": "sas_token",
+    "AZURE_STORAGE_SAS_TOKEN": "sas_token",
+    "AZURE_STORAGE_CLIENT_ID": "client_id",
+    "AZURE_CLIENT_ID": "client_id",
+    "AZURE_STORAGE_CLIENT_SECRET": "client_secret",
+    "AZURE_CLIENT_SECRET": "client_secret",
+    "AZURE_STORAGE_TENANT_ID": "tenant_id",
+    "AZURE_TENANT_ID": "tenant_id",
+}
+_AZURE_ENDPOINT_KEYS = ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT")
+AZURE_SCHEMES = ("abfs", "abfss", "az", "azure")
+# Azurite, the Azure storage emulator: its fixed account and its published well-known key (not a
+# secret), as object_store uses them for AZURE_STORAGE_USE_EMULATOR
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+AZURITE_DEFAULT_URL = "http://127.0.0.1:10000"
 # environment variables picked up for each scheme (besides the explicit --storage-option values)
 _ENV_PREFIXES = {
     "s3": ("AWS_",),
@@ -45,6 +67,7 @@ _ENV_PREFIXES = {
     "abfs": ("AZURE_",),
     "abfss": ("AZURE_",),
     "az": ("AZURE_",),
+    "azure": ("AZURE_",),
 }
 LOCAL_SCHEMES = ("", "file")
 
@@ -155,6 +178,10 @@ class Location:
             endpoint = opts.get("AWS_ENDPOINT_URL") or opts.get("AWS_ENDPOINT") or ""
             if endpoint.startswith("http://"):
                 opts.setdefault("AWS_ALLOW_HTTP", "true")
+        elif self.scheme in AZURE_SCHEMES:
+            endpoint = next((opts[k] for k in _AZURE_ENDPOINT_KEYS if opts.get(k)), "")
+            if endpoint.startswith("http://"):
+                opts.setdefault("AZURE_ALLOW_HTTP", "true")
         return opts
 
     # --------------------------------------------------------------------------------- file access
@@ -223,6 +250,8 @@ def _filesystem(uri: str, options: tuple[tuple[str, str], ...]) -> tuple[pafs.Fi
     if scheme in ("s3", "s3a"):
         parsed = urlparse(uri)
         return _s3_filesystem(uri, options), (parsed.netloc + parsed.path).rstrip("/")
+    if scheme in AZURE_SCHEMES:
+        return _azure_filesystem(uri, options)
     key = (uri, options)
     hit = _FS_CACHE.get(key)
     if hit is None:
@@ -261,6 +290,55 @@ def _s3_filesystem(uri: str, options: tuple[tuple[str, str], ...]) -> pafs.S3Fil
     except Exception as exc:  # pragma: no cover - pyarrow reports bad arguments as ArrowInvalid
         raise StorageError(f"{uri}: cannot set up S3 access: {exc}") from exc
     return fs
+
+
+def _azure_filesystem(uri: str, options: tuple[tuple[str, str], ...]) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's AzureFileSystem for ``abfs[s]://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH`` or
+    ``abfs|az|azure://CONTAINER/PATH`` (account from the options), with the credentials delta-rs
+    gets from the same options: an account key, a SAS token, or a service principal (client id,
+    secret, tenant); none of them means Azure's default credential chain. ``AZURE_STORAGE_ENDPOINT``
+    (or ``AZURE_ENDPOINT``) points both at another endpoint, e.g. Azurite's
+    ``http://127.0.0.1:10000/devstoreaccount1``; ``AZURE_STORAGE_USE_EMULATOR=true`` means Azurite
+    at ``AZURITE_BLOB_STORAGE_URL`` (default ``http://127.0.0.1:10000``) with its well-known account."""
+    parsed = urlparse(uri)
+    container, _, host = parsed.netloc.rpartition("@")
+    if not container:
+        container, host = parsed.netloc, ""
+    path = (container + parsed.path).rstrip("/")
+    key = (f"azure:{host}", options)
+    hit = _FS_CACHE.get(key)
+    if hit is not None:
+        return hit[0], path
+    opts = dict(options)
+    kwargs: dict[str, str] = {}
+    for key_name, arg in _AZURE_KEYS.items():
+        if opts.get(key_name) and arg not in kwargs:
+            kwargs[arg] = opts[key_name]
+    if host and "account_name" not in kwargs:
+        kwargs["account_name"] = host.split(".", 1)[0]
+    endpoint = next((opts[k] for k in _AZURE_ENDPOINT_KEYS if opts.get(k)), "")
+    if opts.get("AZURE_STORAGE_USE_EMULATOR", "").lower() == "true":
+        kwargs.setdefault("account_name", AZURITE_ACCOUNT)
+        if "sas_token" not in kwargs:
+            kwargs.setdefault("account_key", AZURITE_KEY)
+        endpoint = endpoint or (os.environ.get("AZURITE_BLOB_STORAGE_URL") or AZURITE_DEFAULT_URL).rstrip("/") \
+            + "/" + kwargs["account_name"]
+    if "account_name" not in kwargs:
+        raise StorageError(f"{uri}: no Azure storage account: name it in the URI "
+                           "(abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/…) or with AZURE_STORAGE_ACCOUNT_NAME")
+    if endpoint:
+        ep = urlparse(endpoint)
+        if not ep.scheme or not ep.netloc:
+            raise StorageError(f"{uri}: Azure endpoint {endpoint!r} is not scheme://host[:port][/account]")
+        # pyarrow names the account in the path for any endpoint but Azure's own (Azurite's style)
+        kwargs.update(blob_storage_authority=ep.netloc, blob_storage_scheme=ep.scheme,
+                      dfs_storage_authority=ep.netloc, dfs_storage_scheme=ep.scheme)
+    try:
+        fs = pafs.AzureFileSystem(**kwargs)
+    except Exception as exc:
+        raise StorageError(f"{uri}: cannot set up Azure access: {exc}") from exc
+    _FS_CACHE[key] = (fs, "")
+    return fs, path
 
 
 SOURCE_OPTION_PREFIX = "storage."  # a Spark data source gets a Location's options as storage.KEY

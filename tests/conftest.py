@@ -114,6 +114,36 @@ def s3_server():
     stop_s3_server(server)
 
 
+@pytest.fixture(scope="module")
+def two_stores(tmp_path_factory, golden_store, golden_records):
+    """The remote-lake ingest tests' two stores (tests/remote_lakes.py), by broker name."""
+    from tests.remote_lakes import make_stores
+
+    return make_stores(tmp_path_factory.mktemp("stores"), golden_store, golden_records)
+
+
+@pytest.fixture(scope="module")
+def two_stores_lake(spark, two_stores, tmp_path_factory):
+    """``two_stores`` ingested into a local lake: what a remote lake's tables must equal."""
+    from pipelines.ingest import ingest
+    from pipelines.job_args import StoreSpec
+    from tests.remote_lakes import SPLIT_BYTES
+
+    lake = tmp_path_factory.mktemp("local-lake")
+    ingest(spark, [StoreSpec(name, str(path)) for name, path in two_stores.items()], str(lake), split_bytes=SPLIT_BYTES)
+    return lake
+
+
+@pytest.fixture(scope="session")
+def azurite():
+    """An Azurite (Azure Blob emulator) process on loopback for the whole run (see tests/azurite_server.py)."""
+    from tests.azurite_server import start_azurite, stop_azurite
+
+    server = start_azurite()
+    yield server
+    stop_azurite(server)
+
+
 @pytest.fixture()
 def failing_df(spark):
     """30 ids over 3 partitions whose task with id 25 raises ``ValueError("bad row 25")``: a write

@@ -2,18 +2,13 @@
 local ingest of the same stores, a killed run on S3 reruns with no duplicate and no gap, and a
 location that holds no store is a one-line error (exit 2).
 
-Two stores: a copy of the golden Apache store with damage (a record whose magic is broken, a body
-byte flipped: ``corrupt_records`` gets rows of both kinds) and a generated store (several segments,
-compressed bodies, batches, delays, retries, DLQ, transactions; a live-like last segment with zeros
-after the data). Files in ``corrupt_records`` are named by the store's root (its URI on S3, its
-absolute path locally); the comparison swaps that root for a placeholder and nothing else.
+The two stores (the damaged golden copy, a generated store) and the comparison: tests/remote_lakes.py.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,51 +21,18 @@ import pyarrow.compute as pc
 import pytest
 
 from broker import cli
-from broker.store.generate import GenerateSpec, generate_store
 from pipelines.ingest import ingest
 from pipelines.job_args import StoreSpec
-from pipelines.lake import open_table
+from pipelines.lake import app_version, open_table
 from pipelines.storage import Location
 from tests.job_runner import group_alive, pump_lines
+from tests.remote_lakes import RUN_COUNTS, SORT_KEYS, SPLIT_BYTES, comparable, table
 from schemas.messages import MESSAGES_TABLE
 from schemas.tables import CONSUME_QUEUE_TABLE, CORRUPT_RECORDS_TABLE, INDEX_ENTRIES_TABLE, INGEST_RUNS_TABLE
 
 REPO = Path(__file__).resolve().parents[1]
-SPLIT_BYTES = 262_144  # several messages tasks per segment: splits start inside records
-ROOT = "<store>"
-SORT_KEYS = {
-    MESSAGES_TABLE: ["broker_name", "commitlog_offset"],
-    CONSUME_QUEUE_TABLE: ["broker_name", "topic", "queue_id", "queue_offset"],
-    INDEX_ENTRIES_TABLE: ["broker_name", "index_file", "key_hash", "commitlog_offset", "prev_index"],
-    CORRUPT_RECORDS_TABLE: ["broker_name", "file", "offset", "reason"],
-}
-RUN_COUNTS = ["broker_name", "from_offset", "to_offset", "messages_rows", "consume_queue_rows",
-              "index_entries_rows", "corrupt_records_rows", "status"]
 PARTITION_LINE = re.compile(rb"\bmessages: partition (\d+)/(\d+) .*: (\d+) rows")
 JOB_DEADLINE_S = 600  # a guard against a hung job, never a pass condition
-
-
-def _damaged_golden(golden_store: Path, golden_records: list[dict], into: Path) -> Path:
-    store = into / "golden"
-    shutil.copytree(golden_store, store)
-    for path in store.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)  # the golden files are read-only
-    seg = store / "commitlog" / "00000000000000000000"
-    data = bytearray(seg.read_bytes())
-    victim = golden_records[100]["phyOffset"]
-    data[victim + 4:victim + 8] = b"\x00\x11\x22\x33"  # bad magic: skipped, a corrupt_records row
-    data[golden_records[200]["phyOffset"] + 200] ^= 0xFF  # inside a body: kept, a crc_mismatch row
-    seg.write_bytes(bytes(data))
-    return store
-
-
-@pytest.fixture(scope="module")
-def stores(tmp_path_factory, golden_store, golden_records) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("stores")
-    generated = root / "generated"
-    generate_store(generated, GenerateSpec(messages=3000, body_bytes=600, segment_bytes=1 << 20, cq_file_bytes=4000,
-                                           index_slots=64, index_entries=256, seed=7))
-    return {"golden-x": _damaged_golden(golden_store, golden_records, root), "generated": generated}
 
 
 @pytest.fixture(scope="module")
@@ -79,15 +41,8 @@ def bucket(s3_server) -> str:
 
 
 @pytest.fixture(scope="module")
-def s3_stores(s3_server, stores, bucket) -> dict[str, str]:
-    return {name: s3_server.upload_dir(path, bucket, f"stores/{name}") for name, path in stores.items()}
-
-
-@pytest.fixture(scope="module")
-def local_lake(spark, stores, tmp_path_factory) -> Path:
-    lake = tmp_path_factory.mktemp("local-lake")
-    ingest(spark, [StoreSpec(name, str(path)) for name, path in stores.items()], str(lake), split_bytes=SPLIT_BYTES)
-    return lake
+def s3_stores(s3_server, two_stores, bucket) -> dict[str, str]:
+    return {name: s3_server.upload_dir(path, bucket, f"stores/{name}") for name, path in two_stores.items()}
 
 
 @pytest.fixture(scope="module")
@@ -99,60 +54,41 @@ def s3_lake(spark, s3_server, s3_stores, bucket) -> Location:
     return lake
 
 
-def _table(lake, name: str) -> pa.Table:
-    dt = open_table(lake, name)
-    assert dt is not None, f"{name}: no Delta table in {lake}"
-    return dt.to_pyarrow_table()
-
-
 def _roots(stores: dict[str, Path], s3_stores: dict[str, str]) -> list[str]:
     return [str(p) for p in stores.values()] + list(s3_stores.values())
 
 
-def _comparable(lake, name: str, roots: list[str]) -> pa.Table:
-    """Rows in key order without the run id; ``file`` with the store root as a placeholder."""
-    table = _table(lake, name)
-    table = table.select(sorted(c for c in table.column_names if c != "ingest_run_id"))
-    if "file" in table.column_names:
-        files = table["file"].to_pylist()
-        for root in roots:
-            files = [ROOT + f[len(root):] if f.startswith(root + "/") else f for f in files]
-        table = table.set_column(table.column_names.index("file"), "file", pa.array(files, pa.string()))
-    return table.sort_by([(k, "ascending") for k in SORT_KEYS[name]])
-
-
 @pytest.mark.parametrize("name", [MESSAGES_TABLE, CONSUME_QUEUE_TABLE, INDEX_ENTRIES_TABLE, CORRUPT_RECORDS_TABLE])
-def test_s3_tables_equal_the_local_ones(name, local_lake, s3_lake, stores, s3_stores):
-    roots = _roots(stores, s3_stores)
-    local, remote = _comparable(local_lake, name, roots), _comparable(s3_lake, name, roots)
+def test_s3_tables_equal_the_local_ones(name, two_stores_lake, s3_lake, two_stores, s3_stores):
+    roots = _roots(two_stores, s3_stores)
+    local, remote = comparable(two_stores_lake, name, roots), comparable(s3_lake, name, roots)
     assert local.num_rows > 0
     assert remote.schema == local.schema
     assert remote.num_rows == local.num_rows
     assert remote.equals(local)
 
 
-def test_s3_tables_hold_both_stores(local_lake, s3_lake, stores, s3_stores, golden_records):
+def test_s3_tables_hold_both_stores(two_stores_lake, s3_lake, two_stores, s3_stores, golden_records):
     """What the comparison compared: every store's records, both kinds of damage, files by root."""
-    messages = _table(s3_lake, MESSAGES_TABLE)
+    messages = table(s3_lake, MESSAGES_TABLE)
     per_broker = Counter(messages["broker_name"].to_pylist())
     assert per_broker == {"golden-x": len(golden_records) - 1, "generated": 3000}
     segments = set(pc.unique(messages.filter(pc.field("broker_name") == "generated")["segment_file"]).to_pylist())
     assert len(segments) >= 3  # several segments of the generated store
-    corrupt = _table(s3_lake, CORRUPT_RECORDS_TABLE).to_pylist()
+    corrupt = table(s3_lake, CORRUPT_RECORDS_TABLE).to_pylist()
     assert sorted((r["broker_name"], r["reason"].split(":")[0]) for r in corrupt) == [
         ("golden-x", "bad_magic"), ("golden-x", "crc_mismatch")]
     seg = f"{s3_stores['golden-x']}/commitlog/00000000000000000000"
     assert {r["file"] for r in corrupt} == {seg}  # both kinds name the file by the store's URI
-    local_files = {r["file"] for r in _table(local_lake, CORRUPT_RECORDS_TABLE).to_pylist()}
-    assert local_files == {str(stores["golden-x"] / "commitlog" / "00000000000000000000")}
+    local_files = {r["file"] for r in table(two_stores_lake, CORRUPT_RECORDS_TABLE).to_pylist()}
+    assert local_files == {str(two_stores["golden-x"] / "commitlog" / "00000000000000000000")}
 
 
-def test_s3_ingest_runs_count_the_same(local_lake, s3_lake):
+def test_s3_ingest_runs_count_the_same(two_stores_lake, s3_lake):
     def runs(lake) -> list[tuple]:
-        table = _table(lake, INGEST_RUNS_TABLE)
-        return sorted(tuple(r[c] for c in RUN_COUNTS) for r in table.to_pylist())
+        return sorted(tuple(r[c] for c in RUN_COUNTS) for r in table(lake, INGEST_RUNS_TABLE).to_pylist())
 
-    assert runs(s3_lake) == runs(local_lake)
+    assert runs(s3_lake) == runs(two_stores_lake)
     assert len(runs(s3_lake)) == 2 and all(r[-1] == "SUCCEEDED" for r in runs(s3_lake))
 
 
@@ -207,7 +143,7 @@ def _kill_after_first_partition(cmd: list[str], env: dict[str, str]) -> tuple[in
     return returncode, written, total, seen
 
 
-def test_killed_s3_ingest_reruns_exactly_once(s3_server, s3_stores, local_lake):
+def test_killed_s3_ingest_reruns_exactly_once(s3_server, s3_stores, two_stores_lake):
     bucket = s3_server.new_bucket("killed")
     lake_uri = f"s3://{bucket}/lake"
     cmd, env = _job(s3_stores["golden-x"], lake_uri), _job_env(s3_server)
@@ -215,23 +151,26 @@ def test_killed_s3_ingest_reruns_exactly_once(s3_server, s3_stores, local_lake):
     assert returncode == -signal.SIGKILL  # the job was running when it was killed
     assert 1 <= written < total  # ... in the middle of writing messages
     lake = Location.parse(lake_uri, s3_server.options)
-    messages = open_table(lake, MESSAGES_TABLE)
-    assert messages is None or messages.transaction_version("rocketlake.ingest.golden-x") is None  # not committed
+    tables = (MESSAGES_TABLE, CONSUME_QUEUE_TABLE, INDEX_ENTRIES_TABLE, CORRUPT_RECORDS_TABLE, INGEST_RUNS_TABLE)
+    app_id = "rocketlake.ingest.golden-x"
+    assert {name: app_version(lake, name, app_id) for name in tables} == dict.fromkeys(tables)  # nothing committed
 
     done = subprocess.run(cmd, env=env, capture_output=True, timeout=JOB_DEADLINE_S)
     assert done.returncode == 0, done.stderr[-3000:].decode("utf-8", "replace")
 
     def broker_rows(lake_, name: str) -> pa.Table:
-        return _table(lake_, name).filter(pc.field("broker_name") == "golden-x")
+        return table(lake_, name).filter(pc.field("broker_name") == "golden-x")
 
-    got, want = broker_rows(lake, MESSAGES_TABLE), broker_rows(local_lake, MESSAGES_TABLE)
+    got, want = broker_rows(lake, MESSAGES_TABLE), broker_rows(two_stores_lake, MESSAGES_TABLE)
     offsets = got["commitlog_offset"].to_pylist()
     assert len(offsets) == len(set(offsets)) == want.num_rows  # no duplicate
     assert sorted(offsets) == sorted(want["commitlog_offset"].to_pylist())  # no gap
     for name in (CONSUME_QUEUE_TABLE, INDEX_ENTRIES_TABLE, CORRUPT_RECORDS_TABLE):
-        assert broker_rows(lake, name).num_rows == broker_rows(local_lake, name).num_rows, name
-    runs = _table(lake, INGEST_RUNS_TABLE).to_pylist()
+        assert broker_rows(lake, name).num_rows == broker_rows(two_stores_lake, name).num_rows, name
+    runs = table(lake, INGEST_RUNS_TABLE).to_pylist()
     assert [(r["from_offset"], r["messages_rows"]) for r in runs] == [(0, want.num_rows)]
+    marks = {name: app_version(lake, name, app_id) for name in tables}
+    assert marks == {name: app_version(two_stores_lake, name, app_id) for name in tables} == dict.fromkeys(tables, runs[0]["to_offset"])
 
 
 # ---- locations that hold no store ----------------------------------------------------------------------
