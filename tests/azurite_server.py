@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from broker.server.launcher import free_port
+from tests.remote_lakes import upload_tree
 from pipelines.storage import AZURITE_ACCOUNT, AZURITE_KEY
 
 AZURITE = Path(__file__).resolve().parent / "azurite" / "node_modules" / ".bin" / "azurite-blob"
@@ -49,12 +50,7 @@ class AzuriteServer:
 
     def upload_dir(self, local: Path, container: str, prefix: str) -> str:
         """Copy a local directory tree to ``abfs://container/prefix``; returns that URI."""
-        fs = self.filesystem()
-        for path in sorted(Path(local).rglob("*")):
-            if path.is_file():
-                rel = path.relative_to(local).as_posix()
-                with fs.open_output_stream(f"{container}/{prefix}/{rel}") as out, open(path, "rb") as src:
-                    shutil.copyfileobj(src, out, 8 << 20)
+        upload_tree(self.filesystem(), local, f"{container}/{prefix}")
         return f"abfs://{container}/{prefix}"
 
 

@@ -15,9 +15,13 @@ import shutil
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from broker.store.generate import GenerateSpec, generate_store
+from pipelines.ingest import ingest
+from pipelines.job_args import StoreSpec
 from pipelines.lake import open_table
+from pipelines.storage import Location
 from schemas.messages import MESSAGES_TABLE
 from schemas.tables import CONSUME_QUEUE_TABLE, CORRUPT_RECORDS_TABLE, INDEX_ENTRIES_TABLE
 
@@ -71,3 +75,20 @@ def comparable(lake, name: str, roots: list[str]) -> pa.Table:
             files = [ROOT + f[len(root):] if f.startswith(root + "/") else f for f in files]
         rows = rows.set_column(rows.column_names.index("file"), "file", pa.array(files, pa.string()))
     return rows.sort_by([(k, "ascending") for k in SORT_KEYS[name]])
+
+
+def upload_tree(fs: pafs.FileSystem, local: Path, root: str) -> None:
+    """Copy the local directory tree ``local`` to ``root`` (a path inside ``fs``)."""
+    for path in sorted(Path(local).rglob("*")):
+        if path.is_file():
+            with fs.open_output_stream(f"{root}/{path.relative_to(local).as_posix()}") as out, open(path, "rb") as src:
+                shutil.copyfileobj(src, out, 8 << 20)
+
+
+def ingest_remote(spark, store_uris: dict[str, str], lake_uri: str, options: dict[str, str]) -> Location:
+    """Ingest the stores at ``store_uris`` (broker name → URI) into the lake at ``lake_uri``, the
+    storage options passed explicitly (nothing comes from this process's environment)."""
+    lake = Location.parse(lake_uri, options)
+    ingest(spark, [StoreSpec.parse(f"{name}={uri}", options) for name, uri in store_uris.items()], lake,
+           split_bytes=SPLIT_BYTES)
+    return lake

@@ -8,7 +8,6 @@ its own bucket.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from broker.server.launcher import free_port
+from tests.remote_lakes import upload_tree
 
 ACCESS_KEY = "rocketlake-test"
 SECRET_KEY = "rocketlake-test-secret"
@@ -54,12 +54,7 @@ class S3Server:
 
     def upload_dir(self, local: Path, bucket: str, key_prefix: str) -> str:
         """Copy a local directory tree to ``s3://bucket/key_prefix``; returns that URI."""
-        fs = self.filesystem()
-        for path in sorted(Path(local).rglob("*")):
-            if path.is_file():
-                rel = path.relative_to(local).as_posix()
-                with fs.open_output_stream(f"{bucket}/{key_prefix}/{rel}") as out, open(path, "rb") as src:
-                    shutil.copyfileobj(src, out, 8 << 20)
+        upload_tree(self.filesystem(), local, f"{bucket}/{key_prefix}")
         return f"s3://{bucket}/{key_prefix}"
 
 

@@ -17,7 +17,7 @@ from pipelines.lake import open_table
 from pipelines.storage import Location, StorageError
 from schemas.messages import MESSAGES_TABLE
 from schemas.tables import CONSUME_QUEUE_TABLE, CORRUPT_RECORDS_TABLE, INDEX_ENTRIES_TABLE, INGEST_RUNS_TABLE
-from tests.remote_lakes import RUN_COUNTS, SORT_KEYS, SPLIT_BYTES, comparable, table
+from tests.remote_lakes import RUN_COUNTS, SORT_KEYS, SPLIT_BYTES, comparable, ingest_remote, table
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +32,7 @@ def azure_stores(azurite, two_stores, container) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def azure_lake(spark, azurite, azure_stores, container) -> Location:
-    lake = Location.parse(f"abfs://{container}/lake", azurite.options)
-    specs = [StoreSpec.parse(f"{name}={uri}", azurite.options) for name, uri in azure_stores.items()]
-    ingest(spark, specs, lake, split_bytes=SPLIT_BYTES)
-    return lake
+    return ingest_remote(spark, azure_stores, f"abfs://{container}/lake", azurite.options)
 
 
 @pytest.mark.parametrize("name", [MESSAGES_TABLE, CONSUME_QUEUE_TABLE, INDEX_ENTRIES_TABLE, CORRUPT_RECORDS_TABLE])

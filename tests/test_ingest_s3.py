@@ -26,7 +26,7 @@ from pipelines.job_args import StoreSpec
 from pipelines.lake import app_version, open_table
 from pipelines.storage import Location
 from tests.job_runner import group_alive, pump_lines
-from tests.remote_lakes import RUN_COUNTS, SORT_KEYS, SPLIT_BYTES, comparable, table
+from tests.remote_lakes import RUN_COUNTS, SORT_KEYS, SPLIT_BYTES, comparable, ingest_remote, table
 from schemas.messages import MESSAGES_TABLE
 from schemas.tables import CONSUME_QUEUE_TABLE, CORRUPT_RECORDS_TABLE, INDEX_ENTRIES_TABLE, INGEST_RUNS_TABLE
 
@@ -47,11 +47,7 @@ def s3_stores(s3_server, two_stores, bucket) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def s3_lake(spark, s3_server, s3_stores, bucket) -> Location:
-    options = s3_server.options  # passed explicitly: nothing comes from this process's environment
-    lake = Location.parse(f"s3://{bucket}/lake", options)
-    specs = [StoreSpec.parse(f"{name}={uri}", options) for name, uri in s3_stores.items()]
-    ingest(spark, specs, lake, split_bytes=SPLIT_BYTES)
-    return lake
+    return ingest_remote(spark, s3_stores, f"s3://{bucket}/lake", s3_server.options)
 
 
 def _roots(stores: dict[str, Path], s3_stores: dict[str, str]) -> list[str]:
