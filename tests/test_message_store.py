@@ -246,6 +246,31 @@ def test_offset_too_small_after_queue_files_are_gone(tmp_path, clock):
     st.close()
 
 
+def test_a_pull_steps_over_a_missing_middle_queue_file_to_the_units_after_it(tmp_path, clock):
+    """A consume-queue file gone from the middle of a queue: a pull inside it answers
+    OFFSET_FOUND_NULL with the next file's first offset, and from there the later units are served
+    (none of them is dropped)."""
+    s = settings(cq_file_bytes=20 * 4)  # 4 units per CQ file
+    st = DispatchedStore(tmp_path / "s", s, clock=clock)
+    st.open()
+    for i in range(12):
+        st.put_message(msg(body=bytes([i])))
+    st.close()
+    (tmp_path / "s" / "consumequeue" / "TopicA" / "0" / f"{4 * 20:020d}").unlink()  # units 4..7
+    st = DispatchedStore(tmp_path / "s", s, clock=clock)
+    st.open()
+    try:
+        gap = st.get_messages("TopicA", 0, 5)
+        assert (gap.status, gap.next_begin_offset, gap.min_offset, gap.max_offset) == \
+            (GetStatus.OFFSET_FOUND_NULL, 8, 0, 12)
+        after = st.get_messages("TopicA", 0, gap.next_begin_offset)
+        assert (after.status, after.queue_offsets, after.next_begin_offset) == (GetStatus.FOUND, (8, 9, 10, 11), 12)
+        assert [r.body for r in split_records(after.body)] == [bytes([i]) for i in range(8, 12)]
+        assert st.get_messages("TopicA", 0, 0).queue_offsets == (0, 1, 2, 3)
+    finally:
+        st.close()
+
+
 def test_tag_filter(store):
     tags = ["TagA", "TagB", "Aa", "BB", None, "TagA"]  # "Aa" and "BB" share a Java hash code
     for i, t in enumerate(tags):

@@ -42,6 +42,7 @@ from broker.remoting.codes import DEFAULT_VERSION, ExpressionType, PullSysFlag, 
 from broker.remoting.command import RemotingCommand
 from broker.remoting.tls import ClientTlsConfig
 from broker.store.message import MessageRecord, RecordError, decode_record
+from broker.store.record_layout import POS_PHYSICAL_OFFSET, POS_TOTAL_SIZE
 from broker.store.topics import retry_topic
 
 log = logging.getLogger(__name__)
@@ -68,13 +69,16 @@ class PullResult:
     messages: list[MessageRecord] = field(default_factory=list)
 
 
+_PHYS_END = POS_PHYSICAL_OFFSET + 8  # a record's head up to its PHYSICALOFFSET
+
+
 def decode_records(body: bytes) -> list[MessageRecord]:
     """A PULL body: stored records back to back (each one's PHYSICALOFFSET is read from the record)."""
     out = []
     pos = 0
-    while pos + 36 <= len(body):
-        size = int.from_bytes(body[pos:pos + 4], "big", signed=True)
-        phys = int.from_bytes(body[pos + 28:pos + 36], "big", signed=True)
+    while pos + _PHYS_END <= len(body):
+        size = int.from_bytes(body[pos + POS_TOTAL_SIZE:pos + POS_TOTAL_SIZE + 4], "big", signed=True)
+        phys = int.from_bytes(body[pos + POS_PHYSICAL_OFFSET:pos + _PHYS_END], "big", signed=True)
         if size <= 0:
             raise RecordError("bad_size", pos, f"record size {size} in a pull body")
         out.append(decode_record(body, pos, phys, limit=pos + size))

@@ -20,6 +20,7 @@ from broker.store.constants import (
     DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_MESSAGE_DELAY_LEVEL,
     SYNC_FLUSH,
+    FlushDiskType,
 )
 from broker.store.delay import parse_delay_levels
 from broker.store.hosts import Host
@@ -38,7 +39,7 @@ class StoreSettings:
     cq_file_bytes: int = DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE
     index_slots: int = DEFAULT_MAX_HASH_SLOT_NUM
     index_entries: int = DEFAULT_MAX_INDEX_NUM
-    flush_disk_type: str = ASYNC_FLUSH
+    flush_disk_type: FlushDiskType = ASYNC_FLUSH  # a plain "ASYNC_FLUSH"/"SYNC_FLUSH" is taken as the enum
     flush_interval_ms: int = 500  # flushIntervalCommitLog (ASYNC_FLUSH background fsync)
     sync_flush_timeout_ms: int = 5000  # syncFlushTimeout: slower fsync answers FLUSH_DISK_TIMEOUT
     checkpoint_interval_ms: int = 1000  # flushIntervalConsumeQueue: CQ/index fsync + checkpoint
@@ -63,6 +64,7 @@ class StoreSettings:
     def __post_init__(self) -> None:
         if self.flush_disk_type not in (ASYNC_FLUSH, SYNC_FLUSH):
             raise ValueError(f"flush_disk_type must be {ASYNC_FLUSH} or {SYNC_FLUSH}, got {self.flush_disk_type!r}")
+        object.__setattr__(self, "flush_disk_type", FlushDiskType(self.flush_disk_type))
         if self.segment_bytes < 4096:
             raise ValueError("segment_bytes must be at least 4096")
         if self.cq_file_bytes <= 0 or self.cq_file_bytes % CQ_STORE_UNIT_SIZE:

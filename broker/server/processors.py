@@ -764,16 +764,9 @@ class BrokerCore:
         return Reply(body=body)
 
     def _last_store_time(self, topic: str, qid: int, offset: int) -> int:
-        if offset <= 0:
-            return 0
-        got = self.store.get_messages(topic, qid, offset - 1, 1, self.settings.max_transfer_bytes_on_message_in_memory,
-                                      None)
-        if got.status != GetStatus.FOUND or not got.body:
-            return 0
-        from broker.store.message import decode_record
-
-        rec = decode_record(got.body, 0, got.physical_offsets[0])
-        return getattr(rec, "store_timestamp", 0)
+        """Store time of the message before queue ``offset`` (Apache's getMessageStoreTimeStamp of
+        ``offset - 1``), 0 when there is none."""
+        return max(self.store.store_time_at(topic, qid, offset - 1), 0) if offset > 0 else 0
 
     def get_topic_stats_info(self, req: Request) -> Reply:
         h = GetTopicStatsInfoRequestHeader.from_ext(req.ext)

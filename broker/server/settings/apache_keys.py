@@ -7,7 +7,7 @@ must never be dropped silently. So each key is either
   its own way (JVM thread pools, Netty buffers, HA details it does its own way), and running
   without it changes no answer a client gets; or
 * **refused unless it has its "off" value** (``harmless={...}``): turning it on asks for a feature we
-  lack (DLedger, SQL92 filtering…), and running without it would be a lie — so
+  lack (DLedger, SQL92 filter bit maps…), and running without it would be a lie — so
   ``enableDLegerCommitLog=false`` is ignored but ``enableDLegerCommitLog=true`` is an error naming the key.
 
 ``deleteWhen``/``fileReservedTime`` (in Apache's own sample ``conf/broker.conf``) are ignored with a
