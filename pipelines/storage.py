@@ -179,8 +179,7 @@ class Location:
             if endpoint.startswith("http://"):
                 opts.setdefault("AWS_ALLOW_HTTP", "true")
         elif self.scheme in AZURE_SCHEMES:
-            endpoint = next((opts[k] for k in _AZURE_ENDPOINT_KEYS if opts.get(k)), "")
-            if endpoint.startswith("http://"):
+            if _azure_endpoint(opts).startswith("http://"):
                 opts.setdefault("AZURE_ALLOW_HTTP", "true")
         return opts
 
@@ -241,6 +240,8 @@ GCS_RETRY_LIMIT = timedelta(seconds=30)
 # and a location's children do not each build a client); other schemes per URI
 _S3_CACHE: dict[tuple[tuple[str, str], ...], pafs.S3FileSystem] = {}
 _FS_CACHE: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[pafs.FileSystem, str]] = {}
+# Azure clients per (account host of the URI, option set), as S3's per option set
+_AZURE_CACHE: dict[tuple[str, tuple[tuple[str, str], ...]], pafs.FileSystem] = {}
 
 
 def _filesystem(uri: str, options: tuple[tuple[str, str], ...]) -> tuple[pafs.FileSystem, str]:
@@ -269,15 +270,27 @@ def _filesystem(uri: str, options: tuple[tuple[str, str], ...]) -> tuple[pafs.Fi
     return hit
 
 
+def _pyarrow_kwargs(opts: Mapping[str, str], names: Mapping[str, str]) -> dict[str, object]:
+    """pyarrow filesystem arguments from delta-rs option names (``names``: option → argument); of
+    several options for one argument the first in ``names`` that is set wins."""
+    kwargs: dict[str, object] = {}
+    for key_name, arg in names.items():
+        if opts.get(key_name) and arg not in kwargs:
+            kwargs[arg] = opts[key_name]
+    return kwargs
+
+
+def _azure_endpoint(opts: Mapping[str, str]) -> str:
+    """The Azure endpoint the options name ("" for Azure's own)."""
+    return next((opts[k] for k in _AZURE_ENDPOINT_KEYS if opts.get(k)), "")
+
+
 def _s3_filesystem(uri: str, options: tuple[tuple[str, str], ...]) -> pafs.S3FileSystem:
     hit = _S3_CACHE.get(options)
     if hit is not None:
         return hit
     opts = dict(options)
-    kwargs: dict[str, object] = {}
-    for key_name, arg in _S3_KEYS.items():
-        if opts.get(key_name) and arg not in kwargs:
-            kwargs[arg] = opts[key_name]
+    kwargs: dict[str, object] = _pyarrow_kwargs(opts, _S3_KEYS)
     endpoint = kwargs.get("endpoint_override")
     if isinstance(endpoint, str) and "://" in endpoint:
         parsed = urlparse(endpoint)
@@ -305,18 +318,14 @@ def _azure_filesystem(uri: str, options: tuple[tuple[str, str], ...]) -> tuple[p
     if not container:
         container, host = parsed.netloc, ""
     path = (container + parsed.path).rstrip("/")
-    key = (f"azure:{host}", options)
-    hit = _FS_CACHE.get(key)
+    hit = _AZURE_CACHE.get((host, options))
     if hit is not None:
-        return hit[0], path
+        return hit, path
     opts = dict(options)
-    kwargs: dict[str, str] = {}
-    for key_name, arg in _AZURE_KEYS.items():
-        if opts.get(key_name) and arg not in kwargs:
-            kwargs[arg] = opts[key_name]
+    kwargs = _pyarrow_kwargs(opts, _AZURE_KEYS)
     if host and "account_name" not in kwargs:
         kwargs["account_name"] = host.split(".", 1)[0]
-    endpoint = next((opts[k] for k in _AZURE_ENDPOINT_KEYS if opts.get(k)), "")
+    endpoint = _azure_endpoint(opts)
     if opts.get("AZURE_STORAGE_USE_EMULATOR", "").lower() == "true":
         kwargs.setdefault("account_name", AZURITE_ACCOUNT)
         if "sas_token" not in kwargs:
@@ -337,7 +346,7 @@ def _azure_filesystem(uri: str, options: tuple[tuple[str, str], ...]) -> tuple[p
         fs = pafs.AzureFileSystem(**kwargs)
     except Exception as exc:
         raise StorageError(f"{uri}: cannot set up Azure access: {exc}") from exc
-    _FS_CACHE[key] = (fs, "")
+    _AZURE_CACHE[(host, options)] = fs
     return fs, path
 
 

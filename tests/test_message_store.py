@@ -223,16 +223,23 @@ def test_pull_statuses(store):
     assert (store.max_offset("Nope", 0), store.min_offset("Nope", 0)) == (0, 0)
 
 
-def test_offset_too_small_after_queue_files_are_gone(tmp_path, clock):
+def _reopened_without_queue_file(tmp_path, clock, messages: int, first_unit: int) -> DispatchedStore:
+    """A store of ``messages`` puts to TopicA queue 0 in 4-unit consume-queue files, closed, the file
+    starting at unit ``first_unit`` deleted, and opened again."""
     s = settings(cq_file_bytes=20 * 4)  # 4 units per CQ file
     st = DispatchedStore(tmp_path / "s", s, clock=clock)
     st.open()
-    for i in range(10):
+    for i in range(messages):
         st.put_message(msg(body=bytes([i])))
     st.close()
-    (tmp_path / "s" / "consumequeue" / "TopicA" / "0" / ("0" * 20)).unlink()  # expired, as Apache deletes them
+    (tmp_path / "s" / "consumequeue" / "TopicA" / "0" / f"{first_unit * 20:020d}").unlink()
     st = DispatchedStore(tmp_path / "s", s, clock=clock)
     st.open()
+    return st
+
+
+def test_offset_too_small_after_queue_files_are_gone(tmp_path, clock):
+    st = _reopened_without_queue_file(tmp_path, clock, 10, 0)  # expired, as Apache deletes them
     small = st.get_messages("TopicA", 0, 1)
     assert (small.status, small.next_begin_offset, small.min_offset, small.max_offset) == \
         (GetStatus.OFFSET_TOO_SMALL, 4, 4, 10)
@@ -250,15 +257,7 @@ def test_a_pull_steps_over_a_missing_middle_queue_file_to_the_units_after_it(tmp
     """A consume-queue file gone from the middle of a queue: a pull inside it answers
     OFFSET_FOUND_NULL with the next file's first offset, and from there the later units are served
     (none of them is dropped)."""
-    s = settings(cq_file_bytes=20 * 4)  # 4 units per CQ file
-    st = DispatchedStore(tmp_path / "s", s, clock=clock)
-    st.open()
-    for i in range(12):
-        st.put_message(msg(body=bytes([i])))
-    st.close()
-    (tmp_path / "s" / "consumequeue" / "TopicA" / "0" / f"{4 * 20:020d}").unlink()  # units 4..7
-    st = DispatchedStore(tmp_path / "s", s, clock=clock)
-    st.open()
+    st = _reopened_without_queue_file(tmp_path, clock, 12, 4)  # units 4..7
     try:
         gap = st.get_messages("TopicA", 0, 5)
         assert (gap.status, gap.next_begin_offset, gap.min_offset, gap.max_offset) == \
