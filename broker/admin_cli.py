@@ -1,5 +1,5 @@
-"""``rocketlake admin``: Apache ``mqadmin``'s topic, group, offset, name-server-config, broker-config, broker
-statistics and connected-client verbs.
+"""``rocketlake admin``: Apache ``mqadmin``'s cluster, topic, group, offset, name-server-config, broker-config,
+broker statistics and connected-client verbs.
 
 Same subcommand names and short flags as ``mqadmin`` (``updateTopic -n NS -c CLUSTER -t TOPIC``…),
 so runbooks written for an Apache cluster work here, and only standard request codes are sent, so
@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Callable
 
@@ -107,6 +108,61 @@ def cmd_topic_list(admin: Admin, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _first_rate(rates: str | None) -> str:
+    """The 10-second rate of a runtime-info triple (``"r10 r60 r600"``) with two decimals; N/A while
+    the broker has too few samples for it (it sends an empty part then) or does not send the key."""
+    try:
+        return f"{float((rates or '').split(' ')[0]):.2f}"
+    except ValueError:
+        return "N/A"
+
+
+def _load(rates: str | None, queue_size: str | None, head_wait_ms: str | None) -> str:
+    """clusterList's ``TPS(queue size,head wait ms)`` cell, with only the load figures the broker
+    reports (ours has no queue-head wait time, and the queue sizes only when it runs lanes)."""
+    load = [v for v in (queue_size, None if head_wait_ms is None else f"{head_wait_ms}ms") if v is not None]
+    return _first_rate(rates) + (f"({','.join(load)})" if load else "")
+
+
+def cmd_cluster_list(admin: Admin, args: argparse.Namespace) -> int:
+    """mqadmin's clusterList: one row per registered broker (slaves too) with GET_BROKER_RUNTIME_INFO's
+    version, in/out TPS and load, page-cache lock wait, hours of messages kept and commit log disk use.
+    A broker that does not answer still gets its row (N/A), so one dead slave does not hide the cluster."""
+    from broker.client import MQClientError
+    from broker.remoting.command import ProtocolError
+
+    brokers = admin.cluster_brokers(args.cluster)  # an unknown -c fails before the header is printed
+    print(f"{'#Cluster Name':<16}  {'#Broker Name':<22}  {'#BID':<4}  {'#Addr':<22}  {'#Version':<16}  "
+          f"{'#InTPS(LOAD)':>19}  {'#OutTPS(LOAD)':>19}  {'#PCWait(ms)':>11}  {'#Hour':>6}  {'#SPACE':>6}")
+    failed = []
+    for cluster, name, bid, addr in brokers:
+        try:
+            info = admin.broker_runtime_info(addr)
+        except (MQClientError, ProtocolError) as exc:
+            failed.append(str(exc))
+            info = {}
+        earliest_text = info.get("earliestMessageTimeStamp", "")
+        earliest = int(earliest_text) if earliest_text.isdigit() else -1  # -1: no message stored
+        hours = f"{(time.time() * 1000 - earliest) / 3_600_000:.2f}" if earliest > 0 else "N/A"
+        try:
+            space = f"{float(info['commitLogDiskRatio']):.4f}"
+        except (KeyError, ValueError):
+            space = "N/A"
+        in_load = _load(info.get("putTps"), info.get("sendThreadPoolQueueSize"),
+                        info.get("sendThreadPoolQueueHeadWaitTimeMills"))
+        out_load = _load(info.get("getTransferedTps"), info.get("pullThreadPoolQueueSize"),
+                         info.get("pullThreadPoolQueueHeadWaitTimeMills"))
+        print(f"{_cell(cluster):<16}  {_cell(name):<22}  {bid:<4}  {_cell(addr):<22}  "
+              f"{_cell(info.get('brokerVersionDesc', 'N/A')):<16}  {_cell(in_load):>19}  {_cell(out_load):>19}  "
+              f"{_cell(info.get('pageCacheLockTimeMills', 'N/A')):>11}  {hours:>6}  {space:>6}")
+    if failed:
+        sys.stdout.flush()
+        for text in failed:
+            print(f"error: {text}", file=sys.stderr)
+        return EXIT_FINDINGS
+    return EXIT_OK
+
+
 def cmd_topic_route(admin: Admin, args: argparse.Namespace) -> int:
     print(json.dumps(admin.route(args.topic).to_json(), indent=4, ensure_ascii=False))
     return EXIT_OK
@@ -154,6 +210,35 @@ def cmd_consumer_progress(admin: Admin, args: argparse.Namespace) -> int:
     print()
     print(f"Consume TPS: {tps:.2f}")
     print(f"Diff Total: {sum(w.lag for w in table.values())}")
+    return EXIT_OK
+
+
+def cmd_query_consume_time_span(admin: Admin, args: argparse.Namespace) -> int:
+    """QUERY_CONSUME_TIME_SPAN on every master of the topic's route: per queue the store times of its
+    first and last message and of the group's last consumed one, and how long the next has waited.
+    The group is checked first (QUERY_TOPIC_CONSUME_BY_WHO): the broker answers for any group name,
+    so a typo would otherwise print a plausible table of a group that never consumed anything."""
+    from broker.client import MQClientError
+
+    masters = admin.route_masters(args.topic)
+    if not masters:
+        raise MQClientError(f"topic {args.topic!r} has no master broker in its route")
+    if not any(args.group in admin.query_topic_consume_by_who(addr, args.topic) for addr in masters.values()):
+        raise MQClientError(f"consumer group {args.group!r} does not consume topic {args.topic!r}: no online "
+                            "consumer of it subscribes to the topic and it has no committed offset on it")
+    spans = [span for addr in masters.values() for span in admin.query_consume_time_span(addr, args.topic, args.group)]
+
+    def when(ms: int) -> str:
+        return _utc(ms, True) if ms > 0 else "N/A"  # the broker sends -1 for a queue without messages
+
+    print(f"{'#Broker Name':<32}  {'#QID':<4}  {'#MinTime (UTC)':<23}  {'#MaxTime (UTC)':<23}  "
+          f"{'#ConsumeTime (UTC)':<23}  #DelayTime(ms)")
+    for span in sorted(spans, key=lambda s: s.message_queue):
+        mq = span.message_queue
+        # an empty queue has nothing waiting, whatever delay the broker computed from its -1 times
+        delay = span.delay_time if span.max_time_stamp > 0 else "N/A"
+        print(f"{_cell(mq.broker_name):<32}  {mq.queue_id:<4}  {when(span.min_time_stamp):<23}  "
+              f"{when(span.max_time_stamp):<23}  {when(span.consume_time_stamp):<23}  {delay}")
     return EXIT_OK
 
 
@@ -570,6 +655,11 @@ def add_admin_parser(sub: argparse._SubParsersAction) -> None:
                            help="broker.conf name, e.g. maxTransferCountOnMessageInMemory")
             p.add_argument("-v", "--value", required=True)
 
+    p = add("clusterList", cmd_cluster_list,
+            "every registered broker with its version, in/out TPS (queue sizes), page-cache lock wait, hours of "
+            "messages kept and commit log disk use")
+    p.add_argument("-c", "--clusterName", dest="cluster", default=None, help="only this cluster's brokers")
+
     p = add("topicList", cmd_topic_list, "every topic the name server knows, one per line")
     p.add_argument("-c", "--clusterModel", dest="cluster_mode", action="store_true",
                    help="a cluster/topic table instead (without retry and DLQ topics)")
@@ -585,6 +675,12 @@ def add_admin_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-g", "--groupName", dest="group", required=True, help="consumer group (listing groups is not "
                                                                            "supported: -g is required)")
     p.add_argument("-t", "--topicName", dest="topic", default=None, help="only this topic")
+
+    p = add("queryConsumeTimeSpan", cmd_query_consume_time_span,
+            "per queue of a topic: store times of the first, last and last consumed message of a consumer group, "
+            "and how long the next message has waited")
+    p.add_argument("-t", "--topic", required=True)
+    p.add_argument("-g", "--group", dest="group", required=True, help="consumer group")
 
     p = add("brokerStatus", cmd_broker_status, "a broker's runtime statistics (GET_BROKER_RUNTIME_INFO), key: value")
     where = p.add_mutually_exclusive_group(required=True)

@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 import pytest
 
 from broker.cli import main
-from broker.client import Message, Producer, PullConsumer
-from tests.broker_harness import free_port, start_broker, start_namesrv
+from broker.client import Admin, Message, Producer, PullConsumer
+from tests.broker_harness import free_port, start_broker, start_namesrv, stored_messages, wait_until
 
 CLUSTER, BROKER = "DefaultCluster", "broker-a"
 
@@ -199,7 +199,10 @@ def test_usage_errors_exit_2(env, capsys):
                                                          "-o", "maybe")
     assert "'nohost' has no port" in usage_error(capsys, "topicList", "-n", "nohost")
     assert "the following arguments are required: -n/--namesrvAddr" in usage_error(capsys, "topicList")
-    for sub in ("updateTopic", "topicList", "topicRoute", "topicStatus", "consumerProgress"):
+    assert "the following arguments are required: -g/--group" in usage_error(capsys, "queryConsumeTimeSpan", "-n", ns,
+                                                                            "-t", "X")
+    for sub in ("updateTopic", "topicList", "topicRoute", "topicStatus", "consumerProgress", "clusterList",
+                "queryConsumeTimeSpan"):
         with pytest.raises(SystemExit) as exc:
             main(["admin", sub, "--help"])
         assert exc.value.code == 0 and f"rocketlake admin {sub}" in capsys.readouterr().out
@@ -223,3 +226,89 @@ def test_get_and_update_broker_config(env, capsys):
     assert (code, out) == (1, "")
     assert err.startswith(f"error: update broker config brokerName on {addr} failed: NO_PERMISSION(16) brokerName "
                           "can not be changed while the broker runs")
+
+
+def _utc_text(ms: int) -> str:
+    """Apache's timeMillisToHumanString2 layout, in UTC."""
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def test_cluster_list(env, capsys):
+    ns, addr = env
+    create(capsys, ns, "-b", addr, topic="AdmClusterList", queues=1)
+    with Producer("PG_ADM_CLUSTER", ns) as producer:  # a stored message: the Hour column has a start
+        assert producer.send(Message("AdmClusterList", b"x")).status.name == "SEND_OK"
+    header = ["#Cluster Name", "#Broker Name", "#BID", "#Addr", "#Version", "#InTPS(LOAD)", "#OutTPS(LOAD)",
+              "#PCWait(ms)", "#Hour", "#SPACE"]
+
+    def load(info: dict[str, str], rates: str, queue: str) -> str:
+        first = info[rates].split(" ")[0]
+        return f"{float(first):.2f}({info[queue]})" if first else f"N/A({info[queue]})"
+
+    for extra in ([], ["-c", CLUSTER]):
+        with Admin(ns) as admin:
+            before_info, before = admin.broker_runtime_info(addr), _now_ms()
+            code, out, err = run(capsys, "clusterList", "-n", ns, *extra)
+            after, after_info = _now_ms(), admin.broker_runtime_info(addr)
+        assert (code, err) == (0, "")
+        assert re.split(r"\s{2,}", out.splitlines()[0].strip()) == header
+        (row,) = rows(out)
+        earliest = int(before_info["earliestMessageTimeStamp"])
+        assert earliest > 0 and after_info["earliestMessageTimeStamp"] == str(earliest)
+        assert row[:5] == [CLUSTER, BROKER, "0", addr, "V4_9_8"]
+        infos = (before_info, after_info)
+        assert row[5] in {load(i, "putTps", "sendThreadPoolQueueSize") for i in infos}
+        assert row[6] in {load(i, "getTransferedTps", "pullThreadPoolQueueSize") for i in infos}
+        assert row[7] == "0"  # pageCacheLockTimeMills: no page-cache lock here
+        assert row[8] in {f"{(t - earliest) / 3_600_000:.2f}" for t in (before, after)}
+        assert row[9] in {f"{float(i['commitLogDiskRatio']):.4f}" for i in infos}
+
+    code, out, err = run(capsys, "clusterList", "-n", ns, "-c", "NoSuchCluster")
+    assert (code, out, err) == (
+        1, "", f"error: cluster 'NoSuchCluster' is not known to the name server {ns} (known: {CLUSTER})\n")
+
+
+def test_query_consume_time_span(env, capsys):
+    ns, addr = env
+    create(capsys, ns, "-c", CLUSTER, topic="AdmSpan", queues=3)
+    with Producer("PG_ADM_SPAN", ns) as producer:  # 3 messages in queue 0, 2 in queue 1, queue 2 empty
+        for qid in (0, 1, 0, 1, 0):
+            assert producer.send_orderly(Message("AdmSpan", b"m"), qid).queue.queue_id == qid
+    with Admin(ns) as admin:
+        wait_until(lambda: stored_messages(admin, addr, "AdmSpan") == 5, "the 5 sends to be dispatched")
+    with PullConsumer("CG_ADM_SPAN", ns) as consumer:
+        q0, q1, q2 = consumer.queues("AdmSpan")
+        stored = {mq.queue_id: [m.store_timestamp for m in consumer.pull(mq, 0).messages] for mq in (q0, q1)}
+        assert [len(stored[0]), len(stored[1])] == [3, 2]
+        consumer.commit(q0, 1)  # one consumed: the second has waited since it was stored
+        consumer.commit(q1, 2)  # caught up
+    t0, t1 = stored[0], stored[1]
+
+    before = _now_ms()
+    code, out, err = run(capsys, "queryConsumeTimeSpan", "-n", ns, "-t", "AdmSpan", "-g", "CG_ADM_SPAN")
+    after = _now_ms()
+    assert (code, err) == (0, "")
+    assert re.split(r"\s{2,}", out.splitlines()[0].strip()) == [
+        "#Broker Name", "#QID", "#MinTime (UTC)", "#MaxTime (UTC)", "#ConsumeTime (UTC)", "#DelayTime(ms)"]
+    table = rows(out)
+    assert [r[:5] for r in table] == [
+        [BROKER, "0", _utc_text(t0[0]), _utc_text(t0[2]), _utc_text(t0[0])],
+        [BROKER, "1", _utc_text(t1[0]), _utc_text(t1[1]), _utc_text(t1[1])],
+        [BROKER, "2", "N/A", "N/A", "N/A"]]
+    assert before - t0[1] <= int(table[0][5]) <= after - t0[1]
+    assert [r[5] for r in table[1:]] == ["0", "N/A"]
+
+
+def test_query_consume_time_span_user_errors(env, capsys):
+    ns, _ = env
+    code, out, err = run(capsys, "queryConsumeTimeSpan", "-n", ns, "-t", "NoSuchTopic", "-g", "CG_ADM")
+    assert (code, out, err) == (1, "", f"error: topic 'NoSuchTopic' is not known to the name server {ns}\n")
+    create(capsys, ns, "-c", CLUSTER, topic="AdmSpanNobody", queues=1)
+    code, out, err = run(capsys, "queryConsumeTimeSpan", "-n", ns, "-t", "AdmSpanNobody", "-g", "CG_NOBODY")
+    assert (code, out) == (1, "")
+    assert err == ("error: consumer group 'CG_NOBODY' does not consume topic 'AdmSpanNobody': no online consumer "
+                   "of it subscribes to the topic and it has no committed offset on it\n")

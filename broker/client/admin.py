@@ -147,20 +147,39 @@ class Admin:
         info = self.cluster_info()
         return {name: data.broker_addrs[0] for name, data in info.broker_addr_table.items() if 0 in data.broker_addrs}
 
-    def cluster_masters(self, cluster: str) -> dict[str, str]:
-        """Broker name -> master address of one cluster (mqadmin's ``fetchMasterAddrByClusterName``);
-        an unknown cluster is an error rather than an empty answer, so a typo does not look like success."""
-        info = self.cluster_info()
+    def _known_cluster(self, info: ClusterInfo, cluster: str) -> None:
+        """An unknown cluster is an error rather than an empty answer, so a typo does not look like success."""
         if cluster not in info.cluster_addr_table:
             known = ", ".join(sorted(info.cluster_addr_table)) or "none"
             raise MQClientError(f"cluster {cluster!r} is not known to the name server {self.namesrv_addr} "
                                 f"(known: {known})")
+
+    def cluster_masters(self, cluster: str) -> dict[str, str]:
+        """Broker name -> master address of one cluster (mqadmin's ``fetchMasterAddrByClusterName``)."""
+        info = self.cluster_info()
+        self._known_cluster(info, cluster)
         masters = {}
         for name in sorted(info.cluster_addr_table[cluster]):
             data = info.broker_addr_table.get(name)
             if data is not None and MASTER_ID in data.broker_addrs:
                 masters[name] = data.broker_addrs[MASTER_ID]
         return masters
+
+    def cluster_brokers(self, cluster: str | None = None) -> list[tuple[str, str, int, str]]:
+        """(cluster, broker name, broker id, address) of every registered broker, masters and slaves,
+        sorted (mqadmin clusterList's rows); only ``cluster``'s when given, which must be known."""
+        info = self.cluster_info()
+        if cluster is not None:
+            self._known_cluster(info, cluster)
+        rows = []
+        for cluster_name in sorted(info.cluster_addr_table):
+            if cluster is not None and cluster_name != cluster:
+                continue
+            for name in sorted(set(info.cluster_addr_table[cluster_name])):
+                data = info.broker_addr_table.get(name)
+                if data is not None:  # a name without addresses: the broker unregistered meanwhile
+                    rows.extend((cluster_name, name, bid, addr) for bid, addr in sorted(data.broker_addrs.items()))
+        return rows
 
     def topic_list(self) -> list[str]:
         """GET_ALL_TOPIC_LIST_FROM_NAMESERVER: every topic any broker registered, sorted."""
