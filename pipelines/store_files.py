@@ -6,11 +6,12 @@ What the ingest needs of a store, answered with listings and ranged reads instea
   their sizes, the consume queue files of every queue, the index files;
 * the commitlog's file-level findings (names that are not offsets, wrong lengths, gaps), by the same
   rules as :func:`broker.store.commitlog.list_segments`;
-* ``dispatched_end`` (how far the consume queues reach into the commitlog): a binary search for the
-  last written unit of each queue's last file, about 20 ranged reads of 20 bytes per queue,
+* ``dispatched_end`` (how far the consume queues reach into the commitlog): the store's one queue
+  reader (:class:`FsQueueFiles`, a :class:`broker.store.consume_queue.QueueFiles` over ranged reads)
+  finds each queue's last written unit by binary search, about 20 reads of 20 bytes per queue,
   instead of reading every queue file;
-* the units of one consume queue (:class:`FsConsumeQueue`: each file read whole with one request,
-  parsed by :class:`broker.store.consume_queue.ConsumeQueue`'s own rules);
+* the units of one consume queue (:class:`FsConsumeQueue`: each file read whole with one request
+  through the same reader, parsed by :class:`broker.store.consume_queue.ConsumeQueue`'s own rules);
 * the entries of one index file (:func:`iter_index_entries`: the 40-byte header, then the entries in
   bounded ranged reads; the hash slots are never read).
 
@@ -28,15 +29,15 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from broker.store import findings as fk
-from broker.store.commitlog import infer_segment_size
+from broker.store.commitlog import infer_segment_size, offset_to_file_name
 from broker.store.constants import (
     COMMITLOG_DIR,
     CONSUME_QUEUE_DIR,
     CONSUME_QUEUE_EXT_DIR,
-    CQ_FILL_UNIT_SIZE,
     CQ_STORE_UNIT_SIZE,
     DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE,
     DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE_EXT,
@@ -49,10 +50,10 @@ from broker.store.constants import (
     INDEX_HEADER_SIZE,
 )
 from broker.store.consume_queue import (
-    CQ_UNIT_DTYPE,
     ConsumeQueue,
     ConsumeQueueExt,
     QueueFile,
+    QueueFiles,
     _infer_file_size,
 )
 from broker.store.findings import Finding
@@ -223,47 +224,19 @@ class StoreFiles:
             return ConsumeQueue(self.location.uri, topic, queue_id, commitlog_min_offset=commitlog_min_offset)
         return FsConsumeQueue(self, topic, queue_id, files, commitlog_min_offset=commitlog_min_offset)
 
+    def queue_reader(self, topic: str, queue_id: int, files: list[StoreFile]) -> "FsQueueFiles":
+        """The store's one consume-queue reader over this queue's files, read through the filesystem."""
+        return FsQueueFiles(self, topic, queue_id, files, self.queue_file_size(files))
+
     def queue_reach(self, topic: str, queue_id: int, files: list[StoreFile]) -> int:
         """``phy + size`` of the queue's last real unit (-1 for none), like
-        :attr:`ConsumeQueue.max_physic_offset`, found by a binary search over ranged 20-byte reads.
-
-        Assumes what a broker writes: each file holds its units from the start, then zeros (the
-        first invalid unit ends the data). The last file holding a valid first unit has the end."""
-        file_size = self.queue_file_size(files)
-        for f in reversed([f for f in files if f.base % CQ_STORE_UNIT_SIZE == 0]):
-            units = min(f.size, file_size) // CQ_STORE_UNIT_SIZE
-            if units == 0:
-                continue
-            loc = self.file(CONSUME_QUEUE_DIR, topic, str(queue_id), f.name)
-            fs, path = loc.filesystem()
-            with fs.open_input_file(path) as fh:
-                def unit(i: int) -> tuple[int, int, int]:
-                    data = fh.read_at(CQ_STORE_UNIT_SIZE, i * CQ_STORE_UNIT_SIZE)
-                    if len(data) < CQ_STORE_UNIT_SIZE:
-                        return -1, 0, 0  # past the end of a short file: reads as no unit
-                    row = np.frombuffer(data, CQ_UNIT_DTYPE)[0]
-                    return int(row["commitlog_offset"]), int(row["size"]), int(row["tags_code"])
-
-                def valid(u: tuple[int, int, int]) -> bool:
-                    return u[0] >= 0 and u[1] > 0
-
-                first = unit(0)
-                if not valid(first):
-                    continue
-                lo, hi = 0, units  # unit lo is valid; units at >= hi are not (or past the file)
-                last = first
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    u = unit(mid)
-                    if valid(u):
-                        lo, last = mid, u
-                    else:
-                        hi = mid
-            phy, size, tags = last
-            if phy == 0 and size == CQ_FILL_UNIT_SIZE and tags == 0:
-                return -1  # only pre-blank fill units: nothing real in this queue
-            return phy + size
-        return -1
+        :attr:`ConsumeQueue.max_physic_offset`: :meth:`QueueFiles.reach`'s binary search over ranged
+        20-byte reads of the last written file."""
+        reader = self.queue_reader(topic, queue_id, files)
+        try:
+            return reader.reach()
+        finally:
+            reader.close()
 
     def dispatched_end(self) -> int:
         """How far the consume queues reach into the commitlog (the broker's dispatch progress):
@@ -304,13 +277,46 @@ class StoreFiles:
             yield header, np.frombuffer(data, INDEX_ENTRY_DTYPE)
 
 
+class FsQueueFiles(QueueFiles):
+    """:class:`QueueFiles` (the store's one consume-queue reader) over a queue of a store behind a
+    :class:`Location`: the files are the store's listing, a read is a ranged read, and findings
+    name files by URI. The last file read stays open, so the ~20 reads of an end search cost one
+    open (on object storage, one metadata request)."""
+
+    def __init__(self, store: StoreFiles, topic: str, queue_id: int, files: list[StoreFile], file_size: int) -> None:
+        super().__init__(store.label(CONSUME_QUEUE_DIR, topic, str(queue_id)), file_size)  # type: ignore[arg-type]
+        self._store = store
+        self._parts = (CONSUME_QUEUE_DIR, topic, str(queue_id))
+        self._bases = [f.base for f in files if f.base % CQ_STORE_UNIT_SIZE == 0]
+        self._open: tuple[int, pa.NativeFile] | None = None
+
+    def path_of(self, base: int) -> str:  # type: ignore[override]
+        return self._store.label(*self._parts, offset_to_file_name(base))
+
+    def bases(self) -> list[int]:
+        return list(self._bases)
+
+    def _read_at(self, base: int, pos: int, length: int) -> bytes | None:
+        if self._open is None or self._open[0] != base:
+            self.close()
+            fs, path = self._store.file(*self._parts, offset_to_file_name(base)).filesystem()
+            try:
+                self._open = (base, fs.open_input_file(path))
+            except FileNotFoundError:
+                return None
+        return self._open[1].read_at(length, pos)
+
+    def close(self) -> None:
+        """Close the file kept open (a read after this opens it again)."""
+        if self._open is not None:
+            self._open[1].close()
+            self._open = None
+
+
 class FsConsumeQueue(ConsumeQueue):
     """A consume queue of a remote store: :class:`ConsumeQueue`'s parsing (end of data, fill units,
-    minimum offset, ext addresses) over files read through the filesystem, each whole with one
-    request (what the local reader reads too). Read-only.
-
-    Only :meth:`ConsumeQueue._read` (the one place it reads a file) is overridden.
-    """
+    minimum offset, ext addresses) over its files read through :class:`FsQueueFiles`, each whole
+    with one request (what the local reader reads too). Read-only."""
 
     def __init__(self, store: StoreFiles, topic: str, queue_id: int, files: list[StoreFile], *,
                  commitlog_min_offset: int = 0) -> None:
@@ -319,16 +325,11 @@ class FsConsumeQueue(ConsumeQueue):
         # the store is a URI: the local directory ConsumeQueue looks for does not exist, so it lists
         # nothing; the files come from the store's listing instead
         super().__init__(store.location.uri, topic, queue_id, file_size, commitlog_min_offset=commitlog_min_offset)
-        self.directory = store.label(CONSUME_QUEUE_DIR, topic, str(queue_id))  # type: ignore[assignment]
-        self.files = [QueueFile(store.label(CONSUME_QUEUE_DIR, topic, str(queue_id), f.name), f.base, f.size)  # type: ignore[arg-type]
+        self.reader = FsQueueFiles(store, topic, queue_id, files, file_size)
+        self.directory = self.reader.directory
+        self.files = [QueueFile(self.reader.path_of(f.base), f.base, f.size)  # type: ignore[arg-type]
                       for f in files if f.base % CQ_STORE_UNIT_SIZE == 0]
         self._ext_files = store.queue_files(CONSUME_QUEUE_EXT_DIR).get((topic, queue_id))
-
-    def _read(self, qf: QueueFile) -> bytes:
-        return read_padded(Location(str(qf.path), self._store.location.options), 0, self.file_size)
-
-    def _read_first_unit(self, qf: QueueFile) -> bytes:
-        return read_padded(Location(str(qf.path), self._store.location.options), 0, CQ_STORE_UNIT_SIZE)
 
     def refresh(self) -> None:
         self._chunks = None

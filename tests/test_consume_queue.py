@@ -550,3 +550,51 @@ def test_min_offset_rules(tmp_path):
     assert files.min_offset(commitlog_min, 25) == 12
     assert files.min_offset(0, 25) == 0 and files.min_offset(10_000, 25) == 25
     assert files.unit(24) == (2400, 100, 24) and files.unit(25) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("units", [0, 1, 9, 10, 11, 20, 25])
+def test_end_search_agrees_with_the_full_scan(tmp_path, units):
+    """QueueFiles' binary search for the written end (recovery's and the remote stores') gives the
+    full scan's answer, at and around file boundaries."""
+    directory, size = _queue_of(tmp_path, units)
+    files, scan = QueueFiles(directory, size), ConsumeQueue(tmp_path, "G", 0, size)
+    last = files.bases()[-1] if files.bases() else 0
+    assert last // 20 + files.written_units(last) == scan.max_offset == units
+    assert files.reach() == scan.max_physic_offset == (100 * units if units else -1)
+
+
+def test_end_search_on_a_queue_of_fill_units_only(tmp_path):
+    with ConsumeQueue(tmp_path, "F", 0, 200) as cq:
+        cq.put(13, 5000, 100, 0)  # a queue that starts at 13: fill units up to it
+    directory = queue_dir(tmp_path, "F", 0)
+    with open(directory / "00000000000000000200", "r+b") as fh:
+        fh.truncate(3 * 20)  # keep only fill units 10..12 in the file holding the real unit
+    files, scan = QueueFiles(directory, 200), ConsumeQueue(tmp_path, "F", 0, 200)
+    assert (files.written_units(200), files.reach()) == (3, -1)
+    assert (scan.max_offset, scan.max_physic_offset) == (13, -1)
+
+
+def test_geometry_names_the_file_and_position_of_a_unit(tmp_path):
+    files = QueueFiles(tmp_path, 200)
+    assert files.locate(0) == (0, 0) and files.locate(9) == (0, 180) and files.locate(23) == (400, 60)
+    assert files.next_file_offset(0) == files.next_file_offset(9) == 10 and files.next_file_offset(10) == 20
+    assert files.path_of(200) == tmp_path / "00000000000000000200"
+
+
+def test_whole_file_reads_go_through_the_queues_reader(tmp_path):
+    """ConsumeQueue reads its files only through its reader (the seam a remote store swaps)."""
+    _queue_of(tmp_path, 15)
+    cq = ConsumeQueue(tmp_path, "G", 0, 200)
+    seen: list[tuple[int, int, int]] = []
+    plain = cq.reader._read_at
+
+    def counting(base: int, pos: int, length: int) -> bytes | None:
+        seen.append((base, pos, length))
+        return plain(base, pos, length)
+
+    cq.reader._read_at = counting  # type: ignore[method-assign]
+    assert cq.units()["commitlog_offset"].tolist() == [100 * i for i in range(15)]
+    assert seen == [(0, 0, 200), (200, 0, 200)]
+    assert len(cq.reader.read_file(200)) == 200
+    with pytest.raises(FileNotFoundError):
+        cq.reader.read_file(400)

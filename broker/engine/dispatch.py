@@ -23,10 +23,9 @@ import numpy as np
 
 from broker.engine.store_settings import StoreSettings
 from broker.store.clock import now_ms
-from broker.store.commitlog import CommitLog, offset_to_file_name
+from broker.store.commitlog import CommitLog
 from broker.store.constants import (
     CONSUME_QUEUE_DIR,
-    CQ_STORE_UNIT_SIZE,
     NOT_INDEXED_TRANSACTION_TYPE,
     QUEUED_TRANSACTION_TYPES,
     TRANSACTION_TYPE_MASK,
@@ -304,11 +303,10 @@ class Dispatcher:
         for (topic, qid), (first, nxt, _) in touched.items():
             cq = self.cq.queue(topic, qid)
             cq.flush()  # pwrite: readable from here on
-            fs = cq.file_size
-            for base in range(first * CQ_STORE_UNIT_SIZE // fs * fs, (nxt - 1) * CQ_STORE_UNIT_SIZE + 1, fs):
+            for base in range(cq.reader.locate(first)[0], cq.reader.locate(nxt - 1)[0] + 1, cq.file_size):
                 path = paths.get((topic, qid, base))
                 if path is None:
-                    path = paths[(topic, qid, base)] = cq.directory / offset_to_file_name(base)
+                    path = paths[(topic, qid, base)] = cq.reader.path_of(base)
                 dirty.add(path)
         with self._sync_lock:
             if last_store_timestamp is not None:

@@ -793,8 +793,7 @@ class MessageStore:
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, min_off if min_off == 0 else max_off, min_off, max_off)
         units = view.read_units(offset, max(_MAX_FILTER_SCAN_BYTES // CQ_STORE_UNIT_SIZE, max_msgs))
         if not len(units):
-            next_file = (offset * CQ_STORE_UNIT_SIZE // view.file_size + 1) * view.file_size // CQ_STORE_UNIT_SIZE
-            return GetResult(GetStatus.OFFSET_FOUND_NULL, next_file, min_off, max_off)
+            return GetResult(GetStatus.OFFSET_FOUND_NULL, view.files.next_file_offset(offset), min_off, max_off)
         tags_wanted = None if not tag_filter or "*" in tag_filter else set(tag_filter)
         phys = units["commitlog_offset"].astype(np.int64)
         sizes = units["size"].astype(np.int64)

@@ -40,7 +40,7 @@ from broker.store.constants import (
 )
 from broker.store.record_check import BLANK, MAGIC_V1, MAGIC_V2, MESSAGE, RecordError, check_record
 from broker.store.record_layout import POS_MAGIC, STORE_TIMESTAMP_PROBE, read_store_timestamp
-from broker.store.consume_queue import QueueFiles, is_data_unit, is_fill_unit, list_queues
+from broker.store.consume_queue import QueueFiles, is_fill_unit, list_queues
 from broker.store.index_file import IndexFile, IndexService, index_file_size, parse_index_file_name
 from broker.store.record_scan import scan_records
 
@@ -354,11 +354,10 @@ def trim_queue(directory: Path, file_size: int, commitlog_end: int, report: Reco
     """
     files = _check_sizes(list_segments(directory), file_size, "consume queue")
     reader = QueueFiles(directory, file_size)
-    per_file = reader.units_per_file
     while files:
         seg = files[-1]
         first = seg.base // CQ_STORE_UNIT_SIZE
-        n = _first_false(per_file, lambda i: is_data_unit(*reader.unit(first + i)[:2]))
+        n = reader.written_units(seg.base)
         k = _first_false(n, lambda i: _is_kept(reader.unit(first + i), commitlog_end))
         if k == 0 and len(files) > 1:
             report.cq_units_truncated += n

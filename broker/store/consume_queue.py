@@ -261,13 +261,6 @@ def _list_files(directory: Path, file_size: int | None, default: int, multiple: 
     return files, file_size
 
 
-def _read_file(path: Path, length: int) -> bytes:
-    """The first ``length`` bytes of a file, zero-padded: a short file reads like a fresh mapped file."""
-    with open(path, "rb") as fh:
-        data = fh.read(length)
-    return data if len(data) == length else data + bytes(length - len(data))
-
-
 # ---- what a unit means: the rules every reader of a queue applies ------------------------------------------
 
 def is_data_unit(phy: int, size: int) -> bool:
@@ -308,14 +301,19 @@ class MinOffsetRule(enum.Enum):
 
 
 class QueueFiles:
-    """Random access to one queue's units by logical offset, one ``pread`` per read.
+    """The one reader of a queue's files: units by logical offset, whole files, and the end of the
+    written units, each a ranged read.
 
-    The reader of the running broker (pulls, queue views) and of its recovery: nothing is cached,
-    so what another process appends is seen at once, and a read costs one small system call
-    whatever the queue's length. A read never crosses a file boundary (as Apache's
+    Every consume-queue read goes through here: the running broker's pulls and queue views, its
+    recovery's end search, the inspector's and the ingest's bulk reads (:class:`ConsumeQueue`) and
+    the remote stores' end search (``pipelines.store_files``). Only :meth:`_read_at` and
+    :meth:`bases` touch a filesystem, so a reader over object storage overrides those two (and
+    :meth:`path_of`, for the names findings carry) and nothing else.
+
+    Nothing is cached, so what another process appends is seen at once, and a read costs one small
+    system call whatever the queue's length. A read never crosses a file boundary (as Apache's
     ``getIndexBuffer``); a missing file reads as no units and is logged once, so a consumer moves
-    on to the next file (Apache's ``rollNextFile``) and the gap is on record. Bulk, whole-queue
-    reads with findings are :class:`ConsumeQueue`'s."""
+    on to the next file (Apache's ``rollNextFile``) and the gap is on record."""
 
     def __init__(self, directory: Path, file_size: int) -> None:
         if file_size <= 0 or file_size % CQ_STORE_UNIT_SIZE:
@@ -325,8 +323,9 @@ class QueueFiles:
         self.units_per_file = file_size // CQ_STORE_UNIT_SIZE
         self._missing_logged: set[int] = set()
 
+    # ---- the filesystem seam ----------------------------------------------------------------------
     def path_of(self, base: int) -> Path:
-        """The file starting at byte ``base`` of the queue's stream."""
+        """The file starting at byte ``base`` of the queue's stream (how findings name it)."""
         return self.directory / offset_to_file_name(base)
 
     def bases(self) -> list[int]:
@@ -337,29 +336,56 @@ class QueueFiles:
             return []
         return sorted(int(n) for n in names if len(n) == 20 and n.isdigit() and int(n) % CQ_STORE_UNIT_SIZE == 0)
 
+    def _read_at(self, base: int, pos: int, length: int) -> bytes | None:
+        """Up to ``length`` bytes at ``pos`` of the file at ``base`` (fewer past its end); None when
+        the file does not exist."""
+        try:
+            fd = os.open(self.path_of(base), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            return os.pread(fd, length, pos)
+        finally:
+            os.close(fd)
+
+    # ---- geometry ---------------------------------------------------------------------------------
+    def locate(self, logical: int) -> tuple[int, int]:
+        """``(base, position)``: the file that holds (or would hold) unit ``logical``, and where."""
+        byte = logical * CQ_STORE_UNIT_SIZE
+        return byte - byte % self.file_size, byte % self.file_size
+
+    def next_file_offset(self, logical: int) -> int:
+        """The first logical offset of the file after the one holding ``logical``."""
+        return (logical // self.units_per_file + 1) * self.units_per_file
+
+    # ---- reads ------------------------------------------------------------------------------------
     def read(self, start: int, count: int) -> np.ndarray:
         """Up to ``count`` units from logical ``start`` (big-endian :data:`CQ_UNIT_DTYPE` rows),
         stopping at the end of ``start``'s file; a short file's missing tail reads as nothing."""
         if start < 0 or count <= 0:
             return np.empty(0, CQ_UNIT_DTYPE)
-        byte = start * CQ_STORE_UNIT_SIZE
-        base = byte - byte % self.file_size
-        pos = byte - base
+        base, pos = self.locate(start)
         n = min(count, (self.file_size - pos) // CQ_STORE_UNIT_SIZE)
-        try:
-            fd = os.open(self.path_of(base), os.O_RDONLY)
-        except FileNotFoundError:
+        data = self._read_at(base, pos, n * CQ_STORE_UNIT_SIZE)
+        if data is None:
             if base not in self._missing_logged:
                 self._missing_logged.add(base)
                 log.warning("consume queue %s: file %s is missing; its units are skipped",
                             self.directory, offset_to_file_name(base))
             return np.empty(0, CQ_UNIT_DTYPE)
-        try:
-            data = os.pread(fd, n * CQ_STORE_UNIT_SIZE, pos)
-        finally:
-            os.close(fd)
         usable = len(data) - len(data) % CQ_STORE_UNIT_SIZE
         return np.frombuffer(data[:usable], CQ_UNIT_DTYPE)
+
+    def close(self) -> None:
+        """Release what a reader over another filesystem keeps open (a local reader keeps nothing)."""
+
+    def read_file(self, base: int) -> bytes:
+        """The whole file at ``base`` in one read, zero-padded to the file size (a short file reads
+        like a fresh mapped file). Raises FileNotFoundError for a file that is not there."""
+        data = self._read_at(base, 0, self.file_size)
+        if data is None:
+            raise FileNotFoundError(str(self.path_of(base)))
+        return data if len(data) == self.file_size else data + bytes(self.file_size - len(data))
 
     def unit(self, logical: int) -> tuple[int, int, int]:
         """``(phy, size, tagsCode)`` at a logical offset; zeros where nothing is written."""
@@ -367,6 +393,34 @@ class QueueFiles:
         if not len(rows):
             return 0, 0, 0
         return int(rows["commitlog_offset"][0]), int(rows["size"][0]), int(rows["tags_code"][0])
+
+    # ---- where the data is ------------------------------------------------------------------------
+    def written_units(self, base: int) -> int:
+        """How many units of the file at ``base`` are written: Apache's end rule
+        (:func:`is_data_unit`) found by binary search, about 20 reads of one unit.
+
+        Relies on what a broker writes: a file holds its units from its start, then zeros. A full
+        scan that checks this, with findings, is :class:`ConsumeQueue`'s."""
+        first = base // CQ_STORE_UNIT_SIZE
+        lo, hi = 0, self.units_per_file
+        while lo < hi:
+            mid = (lo + hi) // 2
+            phy, size, _ = self.unit(first + mid)
+            if is_data_unit(phy, size):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def reach(self) -> int:
+        """``phy + size`` of the queue's last real unit, -1 for none (Apache's ``maxPhysicOffset``),
+        from the last file that holds a unit: a queue's files are written in order."""
+        for base in reversed(self.bases()):
+            n = self.written_units(base)
+            if n:
+                phy, size, tags = self.unit(base // CQ_STORE_UNIT_SIZE + n - 1)
+                return -1 if is_fill_unit(phy, size, tags) else phy + size
+        return -1
 
     def min_offset(self, commitlog_min_offset: int, end: int, rule: MinOffsetRule = MinOffsetRule.ALL_FILES,
                    chunk: int = 4096) -> int:
@@ -445,6 +499,7 @@ class ConsumeQueue:
                                                  CQ_STORE_UNIT_SIZE, "consume queue", self.findings)
         if self.file_size % CQ_STORE_UNIT_SIZE:
             raise ValueError(f"inferred file size {self.file_size} is not a multiple of 20; pass file_size")
+        self.reader = QueueFiles(self.directory, self.file_size)  # every read of the files goes here
         self._enable_ext = enable_ext
         self._ext_file_size = ext_file_size
         self._ext: ConsumeQueueExt | None = None
@@ -512,13 +567,9 @@ class ConsumeQueue:
         return chunks
 
     def _read(self, qf: QueueFile) -> bytes:
-        """One queue file's bytes, zero-padded to the file size: the one place this class reads a
-        file, so a reader over another filesystem overrides only this."""
-        return _read_file(qf.path, self.file_size)
-
-    def _read_first_unit(self, qf: QueueFile) -> bytes:
-        """The first unit of a file (zeros when it is shorter): overridden with :meth:`_read`."""
-        return _read_file(qf.path, CQ_STORE_UNIT_SIZE)
+        """One queue file's bytes, zero-padded to the file size, through :attr:`reader` (a queue
+        on another filesystem swaps the reader, not this)."""
+        return self.reader.read_file(qf.base)
 
     def skip_files_below(self, commitlog_offset: int) -> int:
         """Leave out the leading files whose units all point below ``commitlog_offset`` (a reader
@@ -530,8 +581,8 @@ class ConsumeQueue:
             raise RuntimeError("skip_files_below is for readers")
         dropped = 0
         while dropped + 1 < len(self.files):
-            head = np.frombuffer(self._read_first_unit(self.files[dropped + 1]), CQ_UNIT_DTYPE)[0]
-            if head["size"] <= 0 or head["commitlog_offset"] < 0 or head["commitlog_offset"] > commitlog_offset:
+            phy, size, _ = self.reader.unit(self.files[dropped + 1].base // CQ_STORE_UNIT_SIZE)
+            if not is_data_unit(phy, size) or phy > commitlog_offset:
                 break
             dropped += 1
         if dropped:
@@ -580,18 +631,16 @@ class ConsumeQueue:
 
     def _unit_findings(self, logical: np.ndarray, what: str) -> None:
         for off in logical[:_MAX_LISTED_FINDINGS].tolist():
-            qf, pos = self._locate(off * CQ_STORE_UNIT_SIZE)
-            self.findings.append(Finding(str(qf.path) if qf else str(self.directory), pos, fk.CQ_BAD_UNIT,
+            self.findings.append(Finding(*self._locate(off), fk.CQ_BAD_UNIT,
                                          f"logical offset {off}: {what}"))
         if len(logical) > _MAX_LISTED_FINDINGS:
             self.findings.append(Finding(str(self.directory), 0, fk.CQ_BAD_UNIT,
                                          f"{len(logical) - _MAX_LISTED_FINDINGS} more units: {what}"))
 
-    def _locate(self, byte_pos: int) -> tuple[QueueFile | None, int]:
-        for qf in self.files:
-            if qf.base <= byte_pos < qf.base + self.file_size:
-                return qf, byte_pos - qf.base
-        return None, byte_pos
+    def _locate(self, logical: int) -> tuple[str, int]:
+        """The file (as findings name it) and position of unit ``logical``."""
+        base, pos = self.reader.locate(logical)
+        return str(self.reader.path_of(base)), pos
 
     @property
     def max_offset(self) -> int:
@@ -726,8 +775,7 @@ class ConsumeQueue:
                 rec = exc
             if isinstance(rec, MessageRecord):
                 return rec.store_timestamp
-            qf, pos = self._locate(logical * CQ_STORE_UNIT_SIZE)
-            self.findings.append(Finding(str(qf.path) if qf else str(self.directory), pos, fk.CQ_DANGLING,
+            self.findings.append(Finding(*self._locate(logical), fk.CQ_DANGLING,
                                          f"logical offset {logical}: no message at commitlog offset {phy} ({rec})"))
             return -1
         return store_time
@@ -814,6 +862,7 @@ class ConsumeQueue:
             self._writer = None
         if self._ext is not None:
             self._ext.close()
+        self.reader.close()
         self._chunks = None
 
     def __enter__(self) -> "ConsumeQueue":

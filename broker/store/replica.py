@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from broker.store.commitlog import CommitLog, Segment, offset_to_file_name
-from broker.store.constants import COMMITLOG_DIR, CQ_STORE_UNIT_SIZE
+from broker.store.constants import COMMITLOG_DIR
 from broker.store.consume_queue import ConsumeQueue, list_queues
 from broker.store.inspect import message_at
 from broker.store.record_scan import last_nonzero, scan_records
@@ -369,10 +369,9 @@ def _queue_mismatches(master_dir: Path, slave_dir: Path, master: CommitLog, slav
         mu = tuple(int(v) for v in m[i].tolist()) if i < len(m) else None
         su = tuple(int(v) for v in s[i].tolist()) if i < len(s) else None
         logical = (mu or su)[0]
-        byte = logical * CQ_STORE_UNIT_SIZE
-        base = byte - byte % cq_s.file_size
+        base, pos = cq_s.reader.locate(logical)
         out.append(QueueMismatch(topic, qid, logical, mu[1:] if mu else None, su[1:] if su else None,
-                                 str(cq_s.directory / offset_to_file_name(base)), byte - base))
+                                 str(cq_s.reader.path_of(base)), pos))
     return out
 
 

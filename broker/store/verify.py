@@ -19,15 +19,14 @@ import pyarrow.compute as pc
 
 from broker.store import findings as fk
 from broker.store.columnar import DecodeStats, iter_decode
-from broker.store.commitlog import CommitLog, offset_to_file_name
+from broker.store.commitlog import CommitLog
 from broker.store.constants import (
     CONSUME_QUEUE_DIR,
-    CQ_STORE_UNIT_SIZE,
     DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE,
     PROPERTY_DELAY,
 )
 from broker.store.config_files import load_topic_fences
-from broker.store.consume_queue import ConsumeQueue, list_queues, queue_dir
+from broker.store.consume_queue import ConsumeQueue, QueueFiles, list_queues, queue_dir
 from broker.store.delay import clamp_level, parse_delay_levels
 from broker.store.findings import Finding
 from broker.store.index_file import IndexService
@@ -135,13 +134,12 @@ class _QueueFiles:
     def locate(self, topic: str, queue_id: int, logical: int) -> tuple[str, int]:
         """The file that holds (or would hold) unit ``logical`` of a queue, and its position in it."""
         size = self.file_sizes.get((topic, queue_id)) or self._usual_size()
-        byte = logical * CQ_STORE_UNIT_SIZE
-        base = byte - byte % size
         try:
-            directory = queue_dir(self.store_dir, topic, queue_id)
+            reader = QueueFiles(queue_dir(self.store_dir, topic, queue_id), size)
         except ValueError:  # a topic or queue id that cannot name a directory
             return str(self.store_dir / CONSUME_QUEUE_DIR), 0
-        return str(directory / offset_to_file_name(base)), byte - base
+        base, pos = reader.locate(logical)
+        return str(reader.path_of(base)), pos
 
 
 def _queue_table(store_dir: Path, cl_min: int, report: VerifyReport, files: _QueueFiles) -> pa.Table:

@@ -71,7 +71,6 @@ from pyspark.sql.datasource import (
 from broker.store.columnar import DecodeFilter, DecodeStats
 from broker.store.constants import (
     CONSUME_QUEUE_EXT_DIR,
-    CQ_STORE_UNIT_SIZE,
     PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
     PROPERTY_ORIGIN_MESSAGE_ID,
 )
@@ -513,10 +512,9 @@ class ConsumeQueueReader(DataSourceReader):
         try:
             if self.from_offset > 0:
                 cq.skip_files_below(self.from_offset)
-            per_file = cq.file_size // CQ_STORE_UNIT_SIZE
             start, end = cq.min_offset, cq.max_offset
             while start < end:
-                stop = min(end, (start // per_file + 1) * per_file)
+                stop = min(end, cq.reader.next_file_offset(start))
                 units = cq.units(start, stop)
                 start = stop
                 n = len(units)
