@@ -117,8 +117,9 @@ def _expected_tags_codes(records: pa.Table, delay_levels: list[int]) -> np.ndarr
 
 
 @dataclass(slots=True)
-class _QueueFiles:
-    """Names the CQ file and byte position of a unit (findings point into files, like Apache's names)."""
+class _UnitPlaces:
+    """Names the CQ file and byte position of a unit for findings (like Apache's names), for queues that may
+    have no files: each queue's file size, else the size most queues use. The geometry is QueueFiles'."""
 
     store_dir: Path
     file_sizes: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -142,7 +143,7 @@ class _QueueFiles:
         return str(reader.path_of(base)), pos
 
 
-def _queue_table(store_dir: Path, cl_min: int, report: VerifyReport, files: _QueueFiles) -> pa.Table:
+def _queue_table(store_dir: Path, cl_min: int, report: VerifyReport, files: _UnitPlaces) -> pa.Table:
     parts = []
     for topic, qid in list_queues(store_dir):
         cq = ConsumeQueue(store_dir, topic, qid, commitlog_min_offset=cl_min)
@@ -169,7 +170,7 @@ def _queue_table(store_dir: Path, cl_min: int, report: VerifyReport, files: _Que
 
 
 def _check_queues(records: pa.Table, units: pa.Table, cl_min: int, delay_levels: list[int],
-                  report: VerifyReport, files: _QueueFiles, fences: dict[str, int] | None = None) -> None:
+                  report: VerifyReport, files: _UnitPlaces, fences: dict[str, int] | None = None) -> None:
     """Join units to records on the commitlog offset; only rows with a problem become Python.
     ``fences`` (deleted topic -> commitlog offset at deletion): those records need no unit."""
     if records.num_rows:
@@ -234,7 +235,7 @@ def verify_store(store_dir: str | Path, *, segment_size: int | None = None,
     report.data_end = int(pc.max(pc.add(records.column("phy"), records.column("rec_size"))).as_py()) \
         if records.num_rows else log_.min_offset
     levels = parse_delay_levels(message_delay_level) if message_delay_level else parse_delay_levels()
-    files = _QueueFiles(store_dir)
+    files = _UnitPlaces(store_dir)
     units = _queue_table(store_dir, log_.min_offset, report, files)
     if progress:
         progress(f"consume queues: {report.queues} queues, {report.cq_units} units")
