@@ -6,6 +6,7 @@ files, transactions, multi-byte text, a torn tail and a corrupt record."""
 from __future__ import annotations
 
 import filecmp
+import random
 import shutil
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from broker.store.index_file import build_index_key
 from broker.store.java_hash import java_string_hash
 from broker.store.message import MessageRecord
 from broker.store.properties import encode_properties, split_keys
-from broker.store.record_check import RecordError, check_record
+from broker.store.record_check import BLANK, RecordError, check_record
 from broker.store.topics import SCHEDULE_TOPIC
 
 CLOCK_MS = 1_700_000_000_000
@@ -229,6 +230,46 @@ def test_kernel_stops_where_python_must_decide(tmp_path):
     with pytest.raises(RecordError) as err:
         check_record(bytes(data), second, check_crc=True)
     assert err.value.kind == fk.CRC_MISMATCH
+
+
+@pytest.mark.parametrize("check_crc", [False, True])
+def test_kernel_and_the_record_checker_agree_on_damaged_records(tmp_path, check_crc):
+    """The kernel's checks are check_record's (the store's one record checker, whose error the
+    Python path reports): over thousands of copies of a record damaged where a check reads (head,
+    host fields, BODYLENGTH, body, TOPICLENGTH, PROPERTIESLENGTH), the kernel takes the record
+    exactly when check_record accepts it, with the same size and store time, and stops right before
+    it exactly when check_record raises."""
+    log_ = _write(tmp_path, [("T", {"KEYS": "k", "TAGS": "t"}, 0), ("主题-V", {"KEYS": "k2"}, 0), ("T", {}, 0)])
+    seg = log_.segments[0]
+    clean = seg.path.read_bytes()
+    second = [r.physical_offset for r in log_.iter_records()][1]
+    found = check_record(clean, second)
+    places = list(range(second, found.body_at + found.body_len)) + [found.topic_at - 1, found.props_at - 2,
+                                                                      found.props_at - 1]
+    rng = random.Random(11)
+    outcomes = {"accepted": 0, "refused": 0}
+    for _ in range(3000):
+        data = bytearray(clean)
+        for at in rng.sample(places, rng.choice((1, 1, 2, 3))):
+            data[at] ^= rng.randrange(1, 256)
+        buf = bytes(data)
+        run = scan_run(np.frombuffer(buf, np.uint8), seg.base, 0, len(buf), check_crc=check_crc)
+        try:
+            checked = check_record(buf, second, seg.base + second, check_crc=check_crc)
+        except RecordError:
+            assert (run.n, run.stop, run.stop_pos) == (1, STOP_CHECK, second), data
+            outcomes["refused"] += 1
+            continue
+        if checked.kind == BLANK:
+            assert (run.n, run.stop, run.stop_pos) == (1, STOP_BLANK, second)
+            continue
+        outcomes["accepted"] += 1
+        if run.n == 1:  # well-formed, but text the kernel leaves to Python (damaged UTF-8)
+            assert (run.stop, run.stop_pos) == (STOP_PYTHON, second)
+            continue
+        assert (run.phy[1], run.size[1], run.store_ts[1], run.sys_flag[1]) == (
+            second, checked.size, checked.store_timestamp, checked.sys_flag)
+    assert outcomes["accepted"] > 100 and outcomes["refused"] > 1000, outcomes
 
 
 def test_kernel_stops_at_a_blank(tmp_path, generated):
