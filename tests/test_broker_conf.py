@@ -6,6 +6,7 @@ import pytest
 
 from broker.remoting.java_properties import PropertiesError, dumps, escape, loads, parse_entries
 from broker.server.settings import BrokerSettings, SettingsError, load_settings
+from broker.server.settings.apache_keys import APACHE_ONLY_KEYS
 from broker.server.settings.loading import PROPERTIES, TOML, detect_format
 
 # conf/broker.conf as Apache's 4.9 distribution ships it (its licence header is comment lines)
@@ -133,6 +134,39 @@ def test_store_path_root_dir_maps_to_store(tmp_path):
         load_settings(cfg)
 
 
+@pytest.mark.parametrize("key, name", [("storePathCommitLog", "commitlog"), ("storeCheckpoint", "checkpoint"),
+                                       ("abortFile", "abort")])
+def test_store_paths_are_accepted_only_where_the_broker_puts_them(tmp_path, key, name, caplog):
+    """Apache lets these point anywhere; rocketlake keeps them under storePathRootDir, so only that
+    path is accepted (no warning: it is honoured), and any other is refused naming both paths."""
+    cfg = tmp_path / "broker.conf"
+    root = tmp_path / "store"
+    cfg.write_text(f"storePathRootDir={root}\n{key}={root}/{name}\n")
+    with caplog.at_level(logging.WARNING, logger="broker.server.settings.loading"):
+        assert load_settings(cfg).store_path_root_dir == str(root)
+    assert caplog.records == []
+    cfg.write_text(f"storePathRootDir={root}\n{key}=/data/{name}\n")
+    with pytest.raises(SettingsError) as err:
+        load_settings(cfg)
+    assert str(err.value) == (f"{cfg}: {key}=/data/{name}: not supported by rocketlake: "
+                              f"{APACHE_ONLY_KEYS[key].reason}; only {root}/{name} is accepted")
+    cfg.write_text(f"{key}={root}/{name}\n")
+    with pytest.raises(SettingsError, match=f"only <storePathRootDir>/{name} is accepted "
+                                            r"\(storePathRootDir is not set\)"):
+        load_settings(cfg)
+
+
+def test_broker_ip2_is_accepted_only_as_broker_ip1(tmp_path):
+    cfg = tmp_path / "broker.conf"
+    cfg.write_text("brokerIP1=10.0.0.5\nbrokerIP2=10.0.0.5\n")
+    assert load_settings(cfg).broker_ip1 == "10.0.0.5"
+    cfg.write_text("brokerIP1=10.0.0.5\nbrokerIP2=10.0.0.9\n")
+    with pytest.raises(SettingsError, match=r"brokerIP2=10.0.0.9: not supported by rocketlake: rocketlake's HA "
+                                            r"address is brokerIP1's \(haListenPort on brokerIP1\); only "
+                                            r"10.0.0.5 is accepted"):
+        load_settings(cfg)
+
+
 @pytest.mark.parametrize("line, message", [
     ("aclEnable=maybe", "broker.conf: aclEnable must be bool, got 'maybe'"),
     ("enableDLegerCommitLog=true", "enableDLegerCommitLog=true: not supported by rocketlake: DLedger"),
@@ -161,8 +195,9 @@ def test_unsupported_and_unknown_keys_are_refused_by_name(tmp_path, line, messag
         load_settings(cfg)
 
 
-@pytest.mark.parametrize("line", ["filterServerNums=0", "enableDLegerCommitLog=false", "brokerIP2=10.0.0.9",
-                                  "sendMessageThreadPoolNums=128", "brokerPermission=6", "traceTopicEnable=false"])
+@pytest.mark.parametrize("line", ["filterServerNums=0", "enableDLegerCommitLog=false", "brokerIP2=127.0.0.1",
+                                  "sendMessageThreadPoolNums=128", "brokerPermission=6", "traceTopicEnable=false",
+                                  "slaveReadEnable=false", "autoDeleteUnusedStats=false"])
 def test_harmless_apache_keys_are_ignored(tmp_path, line):
     cfg = tmp_path / "broker.conf"
     cfg.write_text(line + "\n")
@@ -172,15 +207,15 @@ def test_harmless_apache_keys_are_ignored(tmp_path, line):
 def test_ignored_key_warns_once_per_process(tmp_path, caplog):
     from broker.server.settings import loading
 
-    loading._warned.discard("brokerIP2")
+    loading._warned.discard("sendMessageThreadPoolNums")
     cfg = tmp_path / "broker.conf"
-    cfg.write_text("brokerIP2=10.0.0.2\n")
+    cfg.write_text("sendMessageThreadPoolNums=64\n")
     with caplog.at_level(logging.WARNING, logger="broker.server.settings.loading"):
         load_settings(cfg)
         load_settings(cfg)
     assert [r.getMessage() for r in caplog.records] == [
-        f"{cfg}: brokerIP2 ignored: an HA knob rocketlake does not have (the HA address is brokerIP1's; "
-        "slaves serve every pull they get)"]
+        f"{cfg}: sendMessageThreadPoolNums ignored: a Java thread pool or queue size; rocketlake sizes its own "
+        "processes (requestProcesses)"]
 
 
 def test_broker_id_must_be_the_master(tmp_path):

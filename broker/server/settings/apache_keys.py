@@ -8,7 +8,11 @@ must never be dropped silently. So each key is either
   without it changes no answer a client gets; or
 * **refused unless it has its "off" value** (``harmless={...}``): turning it on asks for a feature we
   lack (DLedger, SQL92 filter bit maps…), and running without it would be a lie — so
-  ``enableDLegerCommitLog=false`` is ignored but ``enableDLegerCommitLog=true`` is an error naming the key.
+  ``enableDLegerCommitLog=false`` is ignored but ``enableDLegerCommitLog=true`` is an error naming the key;
+* **refused unless it names what rocketlake uses anyway** (:data:`IMPLIED_BY_SETTINGS`): a path or an
+  address rocketlake derives from a declared setting (``storeCheckpoint`` must be
+  ``<storePathRootDir>/checkpoint``, ``brokerIP2`` must be ``brokerIP1``); checked by
+  :mod:`broker.server.settings.loading` once the declared settings are known.
 
 ``deleteWhen``/``fileReservedTime`` (in Apache's own sample ``conf/broker.conf``) are ignored with a
 warning: rocketlake never deletes commitlog files — its lake keeps the history — so the setting has
@@ -21,12 +25,11 @@ from dataclasses import dataclass
 
 _THREADS = "a Java thread pool or queue size; rocketlake sizes its own processes (requestProcesses)"
 _NETTY = "a Netty tuning knob; rocketlake's asyncio remoting server has no such setting"
-_HA = "an HA knob rocketlake does not have (the HA address is brokerIP1's; slaves serve every pull they get)"
 _CLEAN = "rocketlake never deletes commitlog or consume queue files (the lake keeps the history)"
 _MMAP = "a page-cache/mmap tuning knob of Java's MappedFile; rocketlake writes files directly"
 _FLUSH = "a flush batching knob; rocketlake flushes every flushIntervalCommitLog/flushIntervalConsumeQueue ms"
 _FAST_FAIL = "Java's send-queue fast failure; rocketlake has no bounded send queue"
-_STATS = "a statistics/trace knob; rocketlake keeps no such statistics"
+_COMMERCIAL = "Apache's commercial statistics log (a log file, not part of any answer); rocketlake does not write it"
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,9 @@ def _off(reason: str, *values: str) -> ApacheOnlyKey:
 
 APACHE_ONLY_KEYS: dict[str, ApacheOnlyKey] = {
     # identity, paths, HA
-    "brokerIP2": ApacheOnlyKey(_HA),
-    "slaveReadEnable": ApacheOnlyKey(_HA),
+    "brokerIP2": ApacheOnlyKey("rocketlake's HA address is brokerIP1's (haListenPort on brokerIP1)"),
+    "slaveReadEnable": _off("a master never tells consumers to pull from a slave (Apache's default, false); "
+                            "a slave serves the pulls it gets", "false"),
     "rocketmqHome": ApacheOnlyKey("the Java distribution's home directory; rocketlake does not read it"),
     "brokerConfigPath": ApacheOnlyKey("the file is the one given with -c/--config"),
     "storePathCommitLog": ApacheOnlyKey("the commitlog always lives in <storePathRootDir>/commitlog"),
@@ -114,8 +118,8 @@ APACHE_ONLY_KEYS: dict[str, ApacheOnlyKey] = {
     "waitTimeMillsInHeartbeatQueue": ApacheOnlyKey(_FAST_FAIL),
     "waitTimeMillsInTransactionQueue": ApacheOnlyKey(_FAST_FAIL),
     "startAcceptSendRequestTimeStamp": ApacheOnlyKey(_FAST_FAIL),
-    "traceOn": ApacheOnlyKey(_STATS),
-    "commercialBaseCount": ApacheOnlyKey(_STATS),
+    "traceOn": ApacheOnlyKey(_COMMERCIAL),
+    "commercialBaseCount": ApacheOnlyKey(_COMMERCIAL),
     "transferMsgByHeap": ApacheOnlyKey("how Java copies pulled messages; rocketlake always copies them once"),
     "registerBrokerTimeoutMills": ApacheOnlyKey("rocketlake registers with a 3 s timeout per name server"),
     "compressedRegister": ApacheOnlyKey("rocketlake always registers uncompressed (the name server reads both)"),
@@ -138,5 +142,17 @@ APACHE_ONLY_KEYS: dict[str, ApacheOnlyKey] = {
     "brokerPermission": _off("the broker is always readable and writable (perm 6)", "6"),
     "fetchNamesrvAddrByAddressServer": _off("name server addresses come from namesrvAddr only", "false"),
     "highSpeedMode": _off("high speed mode is not implemented", "false"),
-    "autoDeleteUnusedStats": _off("rocketlake keeps no per-topic statistics", "false"),
+    "autoDeleteUnusedStats": _off("rocketlake keeps the statistics of every topic and group it has seen "
+                                  "(Apache's default, false)", "false"),
+}
+
+# Keys harmless only with the value rocketlake uses anyway, derived from the declared settings: a
+# store path (relative to storePathRootDir; an absolute path) or a declared setting's value.
+STORE_PATH = "path"
+SETTING = "setting"
+IMPLIED_BY_SETTINGS: dict[str, tuple[str, str]] = {
+    "storePathCommitLog": (STORE_PATH, "commitlog"),
+    "storeCheckpoint": (STORE_PATH, "checkpoint"),
+    "abortFile": (STORE_PATH, "abort"),
+    "brokerIP2": (SETTING, "broker_ip1"),
 }

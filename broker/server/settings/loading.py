@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.remoting import java_properties
-from broker.server.settings.apache_keys import APACHE_ONLY_KEYS
+from broker.server.settings.apache_keys import APACHE_ONLY_KEYS, IMPLIED_BY_SETTINGS, STORE_PATH
 from broker.server.settings.declared import (
     KEY_ALIASES,
     SETTING_FIELDS,
@@ -88,7 +88,8 @@ def check_entries(data: dict[str, Any], source: str) -> dict[str, Any]:
             refused = refused_key_message(key, value, source)
             if refused:
                 raise SettingsError(refused)
-            _warn_ignored(key, source)
+            if key not in IMPLIED_BY_SETTINGS:  # those are checked, not ignored (_check_implied_keys)
+                _warn_ignored(key, source)
         else:
             raise SettingsError(unknown_key_message(key, source))
     return values
@@ -97,23 +98,33 @@ def check_entries(data: dict[str, Any], source: str) -> dict[str, Any]:
 def settings_from_mapping(data: dict[str, Any], source: str = "<settings>") -> BrokerSettings:
     """Settings from broker.conf keys (or their snake_case field names); values are type-checked."""
     values = check_entries(data, source)
-    _check_commitlog_path(data, values, source)
     try:
-        return BrokerSettings(**values)
+        settings = BrokerSettings(**values)
     except SettingsError as exc:
         raise SettingsError(f"{source}: {exc}") from None
+    _check_implied_keys(data, settings, source)
+    return settings
 
 
-def _check_commitlog_path(data: dict[str, Any], values: dict[str, Any], source: str) -> None:
-    """``storePathCommitLog`` is harmless only where we put the commitlog anyway."""
-    path = data.get("storePathCommitLog")
-    root = values.get("store_path_root_dir")
-    if path is None or not str(path).strip():
-        return
-    if not root or Path(str(path).strip()).resolve() != (Path(root) / "commitlog").resolve():
-        raise SettingsError(f"{source}: storePathCommitLog={str(path).strip()}: not supported by rocketlake: "
-                            f"the commitlog always lives in <storePathRootDir>/commitlog "
-                            f"(storePathRootDir={root or 'unset'})")
+def _check_implied_keys(data: dict[str, Any], settings: BrokerSettings, source: str) -> None:
+    """An Apache-only key of :data:`IMPLIED_BY_SETTINGS` is harmless only with the value rocketlake
+    uses anyway (a store path under storePathRootDir, or a declared setting's value); another value
+    asks for something the broker would not do, so it is refused, naming both values."""
+    for key, (kind, what) in IMPLIED_BY_SETTINGS.items():
+        given = str(data.get(key, "")).strip()
+        if not given:
+            continue
+        if kind == STORE_PATH:
+            root = settings.store_path_root_dir
+            wanted = str(Path(root) / what) if root else f"<storePathRootDir>/{what}"
+            same = bool(root) and Path(given).resolve() == Path(wanted).resolve()
+            unset = "" if root else " (storePathRootDir is not set)"
+        else:
+            wanted = str(getattr(settings, what))
+            same, unset = given == wanted, ""
+        if not same:
+            raise SettingsError(f"{source}: {key}={given}: not supported by rocketlake: "
+                                f"{APACHE_ONLY_KEYS[key].reason}; only {wanted} is accepted{unset}")
 
 
 def detect_format(path: Path, text: str) -> str:
