@@ -49,7 +49,7 @@ import pyarrow as pa
 
 from broker.store.columnar import DecodeFilter, DecodeStats, iter_decode
 from broker.store.constants import COMMITLOG_DIR, DEFAULT_MAX_MESSAGE_SIZE, MAX_RECORD_OVERHEAD
-from broker.store.record_layout import POS_PHYSICAL_OFFSET
+from broker.store.record_layout import POS_PHYSICAL_OFFSET, SIZE_MAGIC
 from broker.store import findings as fk
 from broker.store.findings import Finding
 from broker.store.record_scan import ScanResult, is_record_start, scan_records
@@ -363,7 +363,7 @@ def decode_range(seg: SegmentFile, start: int, end: int, *, search_first: bool |
             if torn is not None and rb.read_end < seg.data_len and lo + torn < end:
                 head = bytes(rb.buf[torn:torn + _HEADER_PROBE])
                 if is_record_start(head, 0, rb.base + torn, rb.size - torn):
-                    size = int.from_bytes(head[:4], "big", signed=True)
+                    size = SIZE_MAGIC.unpack_from(head)[0]
                     if lo + torn + size > rb.read_end:
                         longer = lo + torn + size
         finally:

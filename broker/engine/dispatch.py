@@ -24,14 +24,7 @@ import numpy as np
 from broker.engine.store_settings import StoreSettings
 from broker.store.clock import now_ms
 from broker.store.commitlog import CommitLog
-from broker.store.constants import (
-    CONSUME_QUEUE_DIR,
-    NOT_INDEXED_TRANSACTION_TYPE,
-    QUEUED_TRANSACTION_TYPES,
-    TRANSACTION_TYPE_MASK,
-    is_indexed,
-    is_queued,
-)
+from broker.store.constants import CONSUME_QUEUE_DIR, indexed_mask, is_indexed, is_queued, queued_mask
 from broker.store.consume_queue import (
     BLOCK_MIN_UNITS,
     CQ_UNIT_DTYPE,
@@ -238,9 +231,8 @@ class Dispatcher:
         n = run.n
         if not n:
             return 0
-        tx = run.sys_flag & TRANSACTION_TYPE_MASK
         did = np.zeros(n, np.bool_)
-        indexed = np.flatnonzero((tx != NOT_INDEXED_TRANSACTION_TYPE) & (run.phy > self._index_watermark))
+        indexed = np.flatnonzero(indexed_mask(run.sys_flag) & (run.phy > self._index_watermark))
         if len(indexed):
             with self.index_lock:
                 did[indexed] = self.index.dispatch_rows(run.phy[indexed], run.store_ts[indexed],
@@ -248,10 +240,7 @@ class Dispatcher:
                 self._index_watermark = int(run.phy[indexed[-1]])
         groups: dict[tuple[str, int], list[int]] = {}
         names: dict[bytes, str] = {}
-        queued_mask = tx == QUEUED_TRANSACTION_TYPES[0]
-        for t in QUEUED_TRANSACTION_TYPES[1:]:
-            queued_mask |= tx == t
-        queued = np.flatnonzero(queued_mask)
+        queued = np.flatnonzero(queued_mask(run.sys_flag))
         for i, at, ln, qid in zip(queued.tolist(), run.topic_at[queued].tolist(), run.topic_len[queued].tolist(),
                                   run.queue_id[queued].tolist()):
             raw_topic = raw[at:at + ln]

@@ -53,22 +53,18 @@ from broker.store.commitlog import AppendResult, CommitLogWriter, EncodedAppend,
 from broker.store.config_files import ConfigFileError, load_topic_fences, save_topic_fences
 from broker.store.constants import (
     ASYNC_FLUSH,
-    BLANK_MAGIC_CODE,
-    SYNC_FLUSH,
     CQ_STORE_UNIT_SIZE,
     MAX_MSGS_NUM_BATCH,
-    NAME_VALUE_SEPARATOR,
     MAX_PROPERTIES_LENGTH,
-    MESSAGE_MAGIC_CODE_V1,
-    MESSAGE_MAGIC_CODE_V2,
+    NAME_VALUE_SEPARATOR,
     PROPERTY_DELAY,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
+    SYNC_FLUSH,
     TOPIC_NAME_PATTERN,
     TRANSACTION_NOT_TYPE,
     TRANSACTION_TYPE_MASK,
     is_queued,
-    signed32,
 )
 from broker.store.delay import delay_level_of
 from broker.store.index_file import LONG_MAX
@@ -76,16 +72,19 @@ from broker.store.java_hash import tags_code
 from broker.store.message import MessageRecord, RecordError, decode_record
 from broker.store.message_id import encode_offset_msg_id
 from broker.store.properties import encode_properties
-from broker.store.record_layout import STORE_TIMESTAMP_PROBE, read_store_timestamp
+from broker.store.record_layout import (
+    MAGIC_BLANK,
+    MAGIC_V1,
+    MAGIC_V2,
+    SIZE_MAGIC,
+    STORE_TIMESTAMP_PROBE,
+    read_store_timestamp,
+)
 from broker.store.store_lock import StoreLock, abort_marker_exists, create_abort_marker, remove_abort_marker
 from broker.store.topics import SCHEDULE_TOPIC, InvalidTopicError, delay_level_to_queue_id, validate_topic
 
 log = logging.getLogger(__name__)
 
-_MAGIC_V1 = signed32(MESSAGE_MAGIC_CODE_V1)
-_MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
-_BLANK_MAGIC = signed32(BLANK_MAGIC_CODE)
-_SIZE_MAGIC = struct.Struct(">ii")
 # Apache scans at most max(16000 bytes of CQ, maxMsgNums units) per pull (maxFilterMessageCount).
 _MAX_FILTER_SCAN_BYTES = 16000
 
@@ -726,11 +725,11 @@ class MessageStore:
         """The stored bytes of the message record at ``phy_offset``; raises :class:`RecordError`
         when no message record starts there."""
         self._require_open()
-        if phy_offset < self._commitlog_min or phy_offset + 8 > self._committed_end:
+        if phy_offset < self._commitlog_min or phy_offset + SIZE_MAGIC.size > self._committed_end:
             raise RecordError("bad_size", phy_offset, "outside the commitlog's data")
         if size is None:
-            total, magic = _SIZE_MAGIC.unpack(self._segments.pread(phy_offset, 8))
-            if magic not in (_MAGIC_V1, _MAGIC_V2):
+            total, magic = SIZE_MAGIC.unpack(self._segments.pread(phy_offset, SIZE_MAGIC.size))
+            if magic not in (MAGIC_V1, MAGIC_V2):
                 raise RecordError("bad_magic", phy_offset, "no message record starts here")
             size = total
         if size <= 0 or phy_offset + size > self._committed_end:
@@ -965,12 +964,12 @@ class MessageStore:
         size = self.settings.segment_bytes
         pos = start
         last = None
-        while pos + 8 <= limit:
-            total, magic = _SIZE_MAGIC.unpack(self._segments.pread(pos, 8))
-            if magic == _BLANK_MAGIC:
+        while pos + SIZE_MAGIC.size <= limit:
+            total, magic = SIZE_MAGIC.unpack(self._segments.pread(pos, SIZE_MAGIC.size))
+            if magic == MAGIC_BLANK:
                 pos = self._segment_base(pos) + size
                 continue
-            if magic not in (_MAGIC_V1, _MAGIC_V2) or total <= 0 or pos + total > limit:
+            if magic not in (MAGIC_V1, MAGIC_V2) or total <= 0 or pos + total > limit:
                 break
             last = pos
             pos += total

@@ -38,8 +38,8 @@ from broker.store.constants import (
     CQ_STORE_UNIT_SIZE,
     INDEX_DIR,
 )
-from broker.store.record_check import BLANK, MAGIC_V1, MAGIC_V2, MESSAGE, RecordError, check_record
-from broker.store.record_layout import POS_MAGIC, STORE_TIMESTAMP_PROBE, read_store_timestamp
+from broker.store.record_check import BLANK, MESSAGE, RecordError, check_record
+from broker.store.record_layout import MAGIC_V1, MAGIC_V2, POS_MAGIC, STORE_TIMESTAMP_PROBE, read_store_timestamp
 from broker.store.consume_queue import QueueFiles, is_fill_unit, list_queues
 from broker.store.index_file import IndexFile, IndexService, index_file_size, parse_index_file_name
 from broker.store.record_scan import scan_records

@@ -29,7 +29,6 @@ from broker.store.constants import (
     COMPRESSED_FLAG,
     COMPRESSION_NAMES,
     COMPRESSION_TYPE_MASK,
-    MESSAGE_MAGIC_CODE_V2,
     NAME_VALUE_SEPARATOR,
     PROPERTY_KEYS,
     PROPERTY_REAL_TOPIC,
@@ -39,7 +38,6 @@ from broker.store.constants import (
     STOREHOSTADDRESS_V6_FLAG,
     TRANSACTION_TYPE_MASK,
     TRANSACTION_TYPE_NAMES,
-    signed32,
 )
 from broker.store.crc_kernel import body_crcs
 from broker.store.findings import Finding
@@ -51,7 +49,10 @@ from broker.store.record_layout import (
     IPV4_HOST_SIZE,
     IPV6_ADDRESS_SIZE,
     IPV6_HOST_SIZE,
+    MAGIC_V2,
     POS_BORN_HOST,
+    SIZE_MAGIC,
+    TAIL_PREPARED_AT,
     TAIL_SIZE,
 )
 from broker.store.record_scan import find_record_start, last_nonzero, scan_records
@@ -73,7 +74,6 @@ _NATIVE = {name: (np.uint8 if _FIXED_V4_DTYPE[name].subdtype else _FIXED_V4_DTYP
            for name in _FIXED_V4_DTYPE.names}
 _V4_MASK = np.array([1, 1, 1, 1] + [0] * 12, dtype=np.uint8)[None, :]
 _WRAPPER_TOPICS = pa.array(sorted(WRAPPER_TOPICS), pa.string())
-_MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
 # per inline value length 0..12: masks keeping the value's bytes of its first 8 and next 4 bytes
 _MASK_FIRST8 = np.array([(1 << 8 * min(k, 8)) - 1 for k in range(13)], dtype=np.uint64)
 _MASK_LAST4 = np.array([(1 << 8 * max(k - 8, 0)) - 1 for k in range(13)], dtype=np.uint64)
@@ -421,7 +421,7 @@ def _fixed_fields(a: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
         f["store_ts"][wide] = _be(a, p_store_ts, ">i8")
         f["store_port"][wide] = _be(a, p_store + np.where(sv6, IPV6_ADDRESS_SIZE, IPV4_ADDRESS_SIZE), ">i4")
         f["reconsume"][wide] = _be(a, p_reconsume, ">i4")
-        f["prepared"][wide] = _be(a, p_reconsume + 4, ">i8")
+        f["prepared"][wide] = _be(a, p_reconsume + TAIL_PREPARED_AT, ">i8")
         f["body_len"][wide] = _be(a, p_reconsume + TAIL_SIZE, ">i4")
         f["p_body"] = starts + _FIXED_V4_SIZE
         f["p_body"][wide] = p_reconsume + TAIL_SIZE + 4
@@ -439,7 +439,7 @@ def _decode_chunk(mem: memoryview, a: np.ndarray, buf: pa.Buffer, starts: np.nda
     f = _fixed_fields(a, starts)
     body_len = f["body_len"].astype(np.int64)
     p_topic_len = f["p_body"] + np.maximum(body_len, 0)
-    v2 = np.flatnonzero(f["magic"] == _MAGIC_V2)
+    v2 = np.flatnonzero(f["magic"] == MAGIC_V2)
     topic_len = _be(a, p_topic_len, ">i1").astype(np.int64)
     topic_width = np.ones(starts.size, np.int64)
     if v2.size:
@@ -571,7 +571,7 @@ def iter_decode(buf, seg_base: int, seg_size: int, start: int = 0, end: int | No
                 # a wrong size: drop what it found beyond here and re-walk from the next real start.
                 b = i + int(bad[0])
                 pos = int(starts[b])
-                total_size = int.from_bytes(mem[pos:pos + 4], "big", signed=True)
+                total_size = SIZE_MAGIC.unpack_from(mem, pos)[0]
                 walk_findings = [f for f in walk_findings if f.offset < pos]
                 nxt = find_record_start(buf, pos + 1, data_len, seg_base, seg_size)
                 if nxt is None:

@@ -68,6 +68,21 @@ def is_queued(sys_flag: int) -> bool:
 def is_indexed(sys_flag: int) -> bool:
     """Whether a record with this sysFlag is indexed (everything but ROLLBACK)."""
     return sys_flag & TRANSACTION_TYPE_MASK != NOT_INDEXED_TRANSACTION_TYPE
+
+
+def queued_mask(sys_flags):  # numpy array in, boolean array out (no numpy import in this module)
+    """:func:`is_queued` over a numpy array of sysFlags (the dispatcher's runs of records)."""
+    tx = sys_flags & TRANSACTION_TYPE_MASK
+    mask = tx == QUEUED_TRANSACTION_TYPES[0]
+    for t in QUEUED_TRANSACTION_TYPES[1:]:
+        mask = mask | (tx == t)
+    return mask
+
+
+def indexed_mask(sys_flags):
+    """:func:`is_indexed` over a numpy array of sysFlags."""
+    return (sys_flags & TRANSACTION_TYPE_MASK) != NOT_INDEXED_TRANSACTION_TYPE
+
 COMPRESSION_NAMES = ("NONE", "ZLIB", "LZ4", "ZSTD")
 COMPRESSION_NONE, COMPRESSION_NAME_ZLIB, COMPRESSION_NAME_LZ4, COMPRESSION_NAME_ZSTD = COMPRESSION_NAMES
 COMPRESSION_BITS_BY_NAME = {"ZLIB": COMPRESSION_ZLIB, "LZ4": COMPRESSION_LZ4, "ZSTD": COMPRESSION_ZSTD}

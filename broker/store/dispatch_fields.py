@@ -25,15 +25,12 @@ import numpy as np
 
 from broker.store.constants import (
     BLANK_HEADER_SIZE,
-    BLANK_MAGIC_CODE,
     BORNHOST_V6_FLAG,
     INDEX_ENTRY_SIZE,
     INDEX_HASH_SLOT_SIZE,
     INDEX_HEADER_SIZE,
     INDEX_KEY_JOINER,
     KEY_SEPARATOR,
-    MESSAGE_MAGIC_CODE_V1,
-    MESSAGE_MAGIC_CODE_V2,
     NAME_VALUE_SEPARATOR,
     PROPERTY_KEYS,
     PROPERTY_SEPARATOR,
@@ -43,8 +40,13 @@ from broker.store.constants import (
 )
 from broker.store.crc_kernel import crc_at
 from broker.store.record_layout import (
+    AFTER_STORE_TIMESTAMP_V4,
+    AFTER_STORE_TIMESTAMP_V6,
     IPV4_HOST_SIZE,
     IPV6_HOST_SIZE,
+    MAGIC_BLANK,
+    MAGIC_V1,
+    MAGIC_V2,
     MIN_MESSAGE_RECORD_SIZE,
     POS_BODY_CRC,
     POS_BORN_HOST,
@@ -55,7 +57,6 @@ from broker.store.record_layout import (
     POS_SYS_FLAG,
     POS_TOTAL_SIZE,
     PROPERTIES_LENGTH_SIZE,
-    TAIL_SIZE,
     TOPIC_LENGTH_SIZE_V1,
     TOPIC_LENGTH_SIZE_V2,
 )
@@ -69,11 +70,6 @@ STOP_PYTHON = 3  # a well-formed record the kernel cannot dispatch bit-identical
 STOP_CHECK = 4  # the record fails a check (or END zeros, a torn tail) [Python path: its error]
 
 _U32 = np.uint32
-_MAGIC_V1 = MESSAGE_MAGIC_CODE_V1 & 0xFFFFFFFF
-_MAGIC_V2 = MESSAGE_MAGIC_CODE_V2 & 0xFFFFFFFF
-_MAGIC_BLANK = BLANK_MAGIC_CODE & 0xFFFFFFFF
-_AFTER_STORE_TS_V4 = 8 + IPV4_HOST_SIZE + TAIL_SIZE
-_AFTER_STORE_TS_V6 = 8 + IPV6_HOST_SIZE + TAIL_SIZE
 _NAME_TAGS = np.frombuffer(PROPERTY_TAGS.encode(), np.uint8).copy()
 _NAME_KEYS = np.frombuffer(PROPERTY_KEYS.encode(), np.uint8).copy()
 _NAME_UNIQ = np.frombuffer(PROPERTY_UNIQ_KEY.encode(), np.uint8).copy()
@@ -192,12 +188,12 @@ def _scan(buf, base, pos, limit, check_crc, names_tags, names_keys, names_uniq, 
         if end - pos < BLANK_HEADER_SIZE:
             return n, k, pos, STOP_CHECK
         total = _i32(buf, pos + POS_TOTAL_SIZE)
-        magic = _i32(buf, pos + POS_MAGIC) & 0xFFFFFFFF
-        if magic == _MAGIC_BLANK:
+        magic = _i32(buf, pos + POS_MAGIC)
+        if magic == MAGIC_BLANK:
             if total < BLANK_HEADER_SIZE:
                 return n, k, pos, STOP_CHECK
             return n, k, pos, STOP_BLANK
-        if magic != _MAGIC_V1 and magic != _MAGIC_V2:
+        if magic != MAGIC_V1 and magic != MAGIC_V2:
             return n, k, pos, STOP_CHECK
         if total < MIN_MESSAGE_RECORD_SIZE or pos + total > end:
             return n, k, pos, STOP_CHECK
@@ -209,7 +205,7 @@ def _scan(buf, base, pos, limit, check_crc, names_tags, names_keys, names_uniq, 
         if p + 8 > rec_end:
             return n, k, pos, STOP_CHECK
         ts = _i64(buf, p)
-        p += _AFTER_STORE_TS_V6 if flag & STOREHOSTADDRESS_V6_FLAG else _AFTER_STORE_TS_V4
+        p += AFTER_STORE_TIMESTAMP_V6 if flag & STOREHOSTADDRESS_V6_FLAG else AFTER_STORE_TIMESTAMP_V4
         if p + 4 > rec_end:
             return n, k, pos, STOP_CHECK
         body_len = _i32(buf, p)
@@ -217,7 +213,7 @@ def _scan(buf, base, pos, limit, check_crc, names_tags, names_keys, names_uniq, 
         if body_len < 0 or body_at + body_len > rec_end:
             return n, k, pos, STOP_CHECK
         p = body_at + body_len
-        if magic == _MAGIC_V2:
+        if magic == MAGIC_V2:
             if p + TOPIC_LENGTH_SIZE_V2 > rec_end:
                 return n, k, pos, STOP_CHECK
             t_len = _i16(buf, p)

@@ -32,20 +32,22 @@ from broker.store.crc import CRC_MASK, body_crc, crc32
 from broker.store.hosts import Host
 from broker.store.message_id import encode_offset_msg_id
 from broker.store.properties import decode_properties, split_keys
-from broker.store.record_check import BLANK, END, MAGIC_BLANK as _MAGIC_BLANK, RecordError, check_record
+from broker.store.record_check import BLANK, END, RecordError, check_record
 from broker.store.record_layout import (
     FIXED_RECORD_SIZE_V1_IPV4,
     HEAD as _HEAD,
     IPV4_HOST_SIZE,
     IPV6_HOST_SIZE,
+    MAGIC_BLANK,
     POS_BORN_HOST,
+    SIZE_MAGIC,
+    STORE_TIMESTAMP_SIZE,
     TAIL as _TAIL,
 )
 from broker.store import topics
 
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
-_BLANK = struct.Struct(">ii")
 _I64 = struct.Struct(">q")
 _I8 = struct.Struct(">b")
 _TAIL_BODY = struct.Struct(_TAIL.format + "i")  # reconsume times, prepared offset, body length
@@ -60,7 +62,7 @@ class BlankRecord:
 
     def encode(self) -> bytes:
         """Only the 8-byte header is written; the filler keeps the file's zeros."""
-        return _BLANK.pack(self.total_size, _MAGIC_BLANK)
+        return SIZE_MAGIC.pack(self.total_size, MAGIC_BLANK)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,8 +255,8 @@ def decode_record(buf: bytes | memoryview, pos: int, physical_offset: int | None
     (total_size, magic, crc, queue_id, flag, queue_offset, phys_field, sys_flag, born_ts) = _HEAD.unpack_from(buf, pos)
     p = pos + POS_BORN_HOST
     born_host = Host.decode(buf, p, bool(sys_flag & BORNHOST_V6_FLAG))
-    store_host = Host.decode(buf, p + born_host.size + 8, bool(sys_flag & STOREHOSTADDRESS_V6_FLAG))
-    reconsume, prepared = _TAIL.unpack_from(buf, p + born_host.size + 8 + store_host.size)
+    store_host = Host.decode(buf, p + born_host.size + STORE_TIMESTAMP_SIZE, bool(sys_flag & STOREHOSTADDRESS_V6_FLAG))
+    reconsume, prepared = _TAIL.unpack_from(buf, p + born_host.size + STORE_TIMESTAMP_SIZE + store_host.size)
     store_ts = checked.store_timestamp
     body = bytes(buf[checked.body_at:checked.body_at + checked.body_len])
     topic = bytes(buf[checked.topic_at:checked.topic_at + checked.topic_len]).decode("utf-8", "replace")

@@ -14,26 +14,23 @@ import struct
 from typing import NamedTuple
 
 from broker.store import findings as fk
-from broker.store.constants import (
-    BLANK_HEADER_SIZE,
-    BORNHOST_V6_FLAG,
-    STOREHOSTADDRESS_V6_FLAG,
-    BLANK_MAGIC_CODE,
-    MESSAGE_MAGIC_CODE_V1,
-    MESSAGE_MAGIC_CODE_V2,
-    signed32,
-)
+from broker.store.constants import BLANK_HEADER_SIZE, BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG
 from broker.store.crc import body_crc
 from broker.store.record_layout import (
+    AFTER_STORE_TIMESTAMP_V4,
+    AFTER_STORE_TIMESTAMP_V6,
     IPV4_HOST_SIZE,
     IPV6_HOST_SIZE,
+    MAGIC_BLANK,
+    MAGIC_V1,
+    MAGIC_V2,
     MIN_MESSAGE_RECORD_SIZE,
     POS_BODY_CRC,
     POS_BORN_HOST,
     POS_PHYSICAL_OFFSET,
     POS_SYS_FLAG,
     PROPERTIES_LENGTH_SIZE,
-    TAIL_SIZE,
+    SIZE_MAGIC,
     TOPIC_LENGTH_SIZE_V1,
     TOPIC_LENGTH_SIZE_V2,
 )
@@ -42,17 +39,10 @@ MESSAGE = "msg"
 BLANK = "blank"  # end-of-file filler: the rest of the file is empty
 END = "end"  # zeros where a record would start: the end of written data
 
-_SIZE_MAGIC = struct.Struct(">ii")
 _I8 = struct.Struct(">b")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
-MAGIC_V1 = signed32(MESSAGE_MAGIC_CODE_V1)
-MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
-MAGIC_BLANK = signed32(BLANK_MAGIC_CODE)
-# STORETIMESTAMP → BODYLENGTH: the timestamp, the store host, RECONSUMETIMES and the prepared offset
-_AFTER_STORE_TS_V4 = 8 + IPV4_HOST_SIZE + TAIL_SIZE
-_AFTER_STORE_TS_V6 = 8 + IPV6_HOST_SIZE + TAIL_SIZE
 
 
 class RecordError(ValueError):
@@ -100,7 +90,7 @@ def check_record(buf, pos: int, physical_offset: int | None = None, limit: int |
     end = len(buf) if limit is None else min(limit, len(buf))
     if end - pos < BLANK_HEADER_SIZE:
         raise RecordError(fk.TRUNCATED_RECORD, phys, f"only {end - pos} bytes left, a record header needs 8")
-    total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    total, magic = SIZE_MAGIC.unpack_from(buf, pos)
     if magic == MAGIC_BLANK:
         if total < BLANK_HEADER_SIZE:
             raise RecordError(fk.BAD_SIZE, phys, f"BLANK record size {total} < 8")
@@ -123,7 +113,7 @@ def check_record(buf, pos: int, physical_offset: int | None = None, limit: int |
     try:
         p = pos + POS_BORN_HOST + (IPV6_HOST_SIZE if sys_flag & BORNHOST_V6_FLAG else IPV4_HOST_SIZE)
         store_ts = _I64.unpack_from(buf, p)[0]
-        p += _AFTER_STORE_TS_V6 if sys_flag & STOREHOSTADDRESS_V6_FLAG else _AFTER_STORE_TS_V4
+        p += AFTER_STORE_TIMESTAMP_V6 if sys_flag & STOREHOSTADDRESS_V6_FLAG else AFTER_STORE_TIMESTAMP_V4
         body_len = _I32.unpack_from(buf, p)[0]
         body_at = p + 4
         if body_len < 0 or body_at + body_len > rec_end:

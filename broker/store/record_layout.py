@@ -17,7 +17,13 @@ import struct
 
 import numpy as np
 
-from broker.store.constants import BORNHOST_V6_FLAG
+from broker.store.constants import (
+    BLANK_MAGIC_CODE,
+    BORNHOST_V6_FLAG,
+    MESSAGE_MAGIC_CODE_V1,
+    MESSAGE_MAGIC_CODE_V2,
+    signed32,
+)
 
 # (Apache's name, our column name, numpy type); a host is ("…HOST", prefix, None)
 FIXED_FIELDS: tuple[tuple[str, str, str | None], ...] = (
@@ -91,9 +97,21 @@ POS_BORN_HOST = FIXED_V4_DTYPE.fields["born_addr"][1]  # == the head's size
 # TOTALSIZE … BORNTIMESTAMP, one struct
 HEAD = struct.Struct(">" + "".join("i" if typ == ">i4" else "q" for _, _, typ in _HEAD_FIELDS))
 assert HEAD.size == POS_BORN_HOST
+# TOTALSIZE and MAGICCODE: how every record starts, a message or the BLANK that ends a file
+SIZE_MAGIC = struct.Struct(">ii")
+assert SIZE_MAGIC.size == POS_BODY_CRC
+# MAGICCODE as the field holds it (a signed int)
+MAGIC_V1 = signed32(MESSAGE_MAGIC_CODE_V1)
+MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
+MAGIC_BLANK = signed32(BLANK_MAGIC_CODE)
+STORE_TIMESTAMP_SIZE = FIXED_V4_DTYPE.fields["store_ts"][0].itemsize
 # RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET
 TAIL = struct.Struct(">iq")
 TAIL_SIZE = TAIL.size
+TAIL_PREPARED_AT = struct.calcsize(">i")  # PREPAREDTRANSACTIONOFFSET's place in the tail
+# STORETIMESTAMP → BODYLENGTH: the timestamp, the store host and the tail
+AFTER_STORE_TIMESTAMP_V4 = STORE_TIMESTAMP_SIZE + IPV4_HOST_SIZE + TAIL_SIZE
+AFTER_STORE_TIMESTAMP_V6 = STORE_TIMESTAMP_SIZE + IPV6_HOST_SIZE + TAIL_SIZE
 
 # Bytes that do not depend on body, topic or properties, with two IPv4 hosts and a V1 topic length
 FIXED_RECORD_SIZE_V1_IPV4 = FIXED_V4_SIZE + TOPIC_LENGTH_SIZE_V1 + PROPERTIES_LENGTH_SIZE  # 91
@@ -109,7 +127,7 @@ def store_timestamp_pos(sys_flag: int) -> int:
 
 
 # enough leading bytes of any record to read its STORETIMESTAMP (IPv6 born host)
-STORE_TIMESTAMP_PROBE = POS_BORN_HOST + IPV6_HOST_SIZE + 8
+STORE_TIMESTAMP_PROBE = POS_BORN_HOST + IPV6_HOST_SIZE + STORE_TIMESTAMP_SIZE
 
 
 def read_store_timestamp(head: bytes | memoryview, pos: int = 0) -> int:

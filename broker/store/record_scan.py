@@ -22,22 +22,20 @@ import numpy as np
 from numba import njit, types
 
 from broker.store import findings as fk
-from broker.store.constants import (
-    BLANK_HEADER_SIZE,
-    BLANK_MAGIC_CODE,
-    MESSAGE_MAGIC_CODE_V1,
-    MESSAGE_MAGIC_CODE_V2,
-    signed32,
+from broker.store.constants import BLANK_HEADER_SIZE, BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE_V1, MESSAGE_MAGIC_CODE_V2
+from broker.store.record_layout import (
+    MAGIC_BLANK,
+    MAGIC_V1,
+    MAGIC_V2,
+    MIN_MESSAGE_RECORD_SIZE,
+    POS_MAGIC,
+    POS_PHYSICAL_OFFSET,
+    SIZE_MAGIC,
 )
-from broker.store.record_layout import MIN_MESSAGE_RECORD_SIZE, POS_PHYSICAL_OFFSET
 from broker.store.findings import Finding
 
-_HDR = struct.Struct(f">ii{POS_PHYSICAL_OFFSET - 8}xq")  # TOTALSIZE, MAGIC, (skip), PHYSICALOFFSET
-_SIZE_MAGIC = struct.Struct(">ii")
+_HDR = struct.Struct(f">ii{POS_PHYSICAL_OFFSET - SIZE_MAGIC.size}xq")  # TOTALSIZE, MAGIC, (skip), PHYSICALOFFSET
 _PHYS = struct.Struct(">q")
-_MAGIC_V1 = signed32(MESSAGE_MAGIC_CODE_V1)
-_MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
-_MAGIC_BLANK = signed32(BLANK_MAGIC_CODE)
 _PATTERNS = (
     struct.pack(">I", MESSAGE_MAGIC_CODE_V1),
     struct.pack(">I", MESSAGE_MAGIC_CODE_V2),
@@ -101,7 +99,7 @@ def _walk_chain(a, pos, end, probe_limit, seg_base, data_len, v1, v2, min_size, 
     cap = out.shape[0]
     while pos < end and pos <= probe_limit and n < cap:
         size = _be_signed(a, pos, 4)
-        magic = _be_signed(a, pos + 4, 4)
+        magic = _be_signed(a, pos + POS_MAGIC, 4)
         phys = _be_signed(a, pos + POS_PHYSICAL_OFFSET, 8)
         if (magic != v1 and magic != v2) or phys != seg_base + pos or size < min_size or size > data_len - pos:
             break
@@ -118,10 +116,10 @@ _SEARCH_WINDOW_MAX = 8 * 1024 * 1024
 def is_record_start(buf, pos: int, seg_base: int, seg_size: int) -> bool:
     if pos + BLANK_HEADER_SIZE > len(buf):
         return False
-    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
-    if magic == _MAGIC_BLANK:
+    size, magic = SIZE_MAGIC.unpack_from(buf, pos)
+    if magic == MAGIC_BLANK:
         return size == seg_size - pos
-    if magic != _MAGIC_V1 and magic != _MAGIC_V2:
+    if magic != MAGIC_V1 and magic != MAGIC_V2:
         return False
     if pos + _HEADER_PROBE > len(buf) or size < MIN_MESSAGE_RECORD_SIZE or pos + size > seg_size:
         return False
@@ -156,14 +154,14 @@ def find_record_start(buf, pos: int, limit: int, seg_base: int, seg_size: int) -
         stop = min(limit, cursor + window)
         best = None
         for pattern in _PATTERNS:
-            hit = finder(pattern, cursor + 4, stop + 7)  # magic of a start < stop
+            hit = finder(pattern, cursor + POS_MAGIC, stop + POS_MAGIC + len(pattern) - 1)  # magic of a start < stop
             if hit >= 0 and (best is None or hit < best):
                 best = hit
         if best is None:
             cursor = stop
             window = min(window * 2, _SEARCH_WINDOW_MAX)
             continue
-        cand = best - 4
+        cand = best - POS_MAGIC
         if cand >= pos and is_record_start(buf, cand, seg_base, seg_size):
             return cand
         cursor = cand + 1
@@ -208,7 +206,7 @@ def scan_records(buf, seg_base: int, seg_size: int, start: int = 0, end: int | N
     last_end = pos
     while pos < end:
         if pos <= probe_limit:
-            n, pos = _walk_chain(a, pos, end, probe_limit, seg_base, data_len, _MAGIC_V1, _MAGIC_V2,
+            n, pos = _walk_chain(a, pos, end, probe_limit, seg_base, data_len, MAGIC_V1, MAGIC_V2,
                                  MIN_MESSAGE_RECORD_SIZE, out)
             if n:
                 chunks.append(out[:n].copy())
@@ -218,11 +216,11 @@ def scan_records(buf, seg_base: int, seg_size: int, start: int = 0, end: int | N
         if pos <= probe_limit:
             size, magic, phys = hdr(buf, pos)  # the record the compiled walk stopped at
         elif pos + BLANK_HEADER_SIZE <= data_len:
-            size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+            size, magic = SIZE_MAGIC.unpack_from(buf, pos)
             phys = None
         else:
             size = magic = phys = None
-        if magic == _MAGIC_BLANK and size == seg_size - pos:
+        if magic == MAGIC_BLANK and size == seg_size - pos:
             result.blank_at = pos
             result.end_of_data = True
             pos = seg_size
@@ -266,9 +264,9 @@ def scan_records(buf, seg_base: int, seg_size: int, start: int = 0, end: int | N
 def _kind(size, magic, phys, remaining: int) -> str:
     if magic is None:
         return fk.TRUNCATED_RECORD
-    if magic not in (_MAGIC_V1, _MAGIC_V2, _MAGIC_BLANK):
+    if magic not in (MAGIC_V1, MAGIC_V2, MAGIC_BLANK):
         return fk.BAD_MAGIC
-    if magic == _MAGIC_BLANK:
+    if magic == MAGIC_BLANK:
         return fk.BAD_SIZE
     if phys is None:
         return fk.TRUNCATED_RECORD
@@ -280,9 +278,9 @@ def _kind(size, magic, phys, remaining: int) -> str:
 def _describe(size, magic, phys, abs_pos: int, remaining: int) -> str:
     if magic is None:
         return f"only {remaining} bytes left, too few for a record header"
-    if magic not in (_MAGIC_V1, _MAGIC_V2, _MAGIC_BLANK):
+    if magic not in (MAGIC_V1, MAGIC_V2, MAGIC_BLANK):
         return f"magic 0x{magic & 0xFFFFFFFF:08X} is not a RocketMQ record (TOTALSIZE field {size})"
-    if magic == _MAGIC_BLANK:
+    if magic == MAGIC_BLANK:
         return f"BLANK record size {size} does not reach the end of the file ({remaining} bytes left)"
     if phys is None:
         return f"record header cut off ({remaining} bytes left)"

@@ -24,6 +24,7 @@ from broker.store.constants import (
     CONSUME_QUEUE_DIR,
     DEFAULT_MAPPED_FILE_SIZE_CONSUME_QUEUE,
     PROPERTY_DELAY,
+    QUEUED_TRANSACTION_TYPE_NAMES,
 )
 from broker.store.config_files import load_topic_fences
 from broker.store.consume_queue import ConsumeQueue, QueueFiles, list_queues, queue_dir
@@ -207,7 +208,7 @@ def _check_queues(records: pa.Table, units: pa.Table, cl_min: int, delay_levels:
             *files.locate(r["cq_topic"], r["cq_queue_id"], r["logical"]), fk.CQ_MISMATCH,
             f"{r['cq_topic']}/{r['cq_queue_id']} offset {r['logical']} -> commitlog {r['phy']}: "
             + "; ".join(problems)))
-    dispatchable = records.filter(pc.is_in(records.column("txn"), value_set=pa.array(["NOT", "COMMIT"])))
+    dispatchable = records.filter(pc.is_in(records.column("txn"), value_set=pa.array(list(QUEUED_TRANSACTION_TYPE_NAMES))))
     for topic, fence in (fences or {}).items():  # a deleted topic's old records belong to no queue
         dispatchable = dispatchable.filter(pc.invert(pc.and_(pc.equal(dispatchable.column("rec_topic"), topic),
                                                              pc.less(dispatchable.column("phy"), fence))))

@@ -25,6 +25,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from broker.store.constants import QUEUED_TRANSACTION_TYPE_NAMES
 from broker.store.topics import dlq_topic
 from pipelines.lake import open_table, read_table, table_exists, table_path
 from pipelines.reports.dlq import original_topic
@@ -117,7 +118,7 @@ def filtered(messages: DataFrame, sel: Selection) -> DataFrame:
     if sel.broker is not None:
         df = df.where(F.col("broker_name") == sel.broker)
     if sel.topic is not None:
-        df = df.where((F.col("topic") == sel.topic) & F.col("transaction_type").isin("NOT", "COMMIT"))
+        df = df.where((F.col("topic") == sel.topic) & F.col("transaction_type").isin(*QUEUED_TRANSACTION_TYPE_NAMES))
     if sel.queue is not None:
         df = df.where(F.col("queue_id") == sel.queue)
     if sel.tag is not None:

@@ -51,8 +51,16 @@ import pyarrow.fs as pafs
 
 from broker.store.commitlog import CommitLog
 from broker.store.config_files import StoreConfig, SubscriptionGroupConfig, load_store_config
-from broker.store.constants import COMMITLOG_DIR, CONFIG_DIR, MESSAGE_MAGIC_CODES, signed32
-from broker.store.record_layout import POS_PHYSICAL_OFFSET, POS_SYS_FLAG, STORE_TIMESTAMP_PROBE, read_store_timestamp
+from broker.store.constants import COMMITLOG_DIR, CONFIG_DIR
+from broker.store.record_layout import (
+    MAGIC_V1,
+    MAGIC_V2,
+    POS_PHYSICAL_OFFSET,
+    POS_SYS_FLAG,
+    SIZE_MAGIC,
+    STORE_TIMESTAMP_PROBE,
+    read_store_timestamp,
+)
 from broker.store.consume_queue import ConsumeQueue, list_queues
 from broker.store.topics import RETRY_GROUP_TOPIC_PREFIX
 from pipelines.store_files import StoreFile, StoreFiles
@@ -81,9 +89,8 @@ def _internal_groups() -> frozenset[str]:
 # =====================================================================================================
 # Store timestamps at physical offsets
 # =====================================================================================================
-_HEADER = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
 _I64 = struct.Struct(">q")
-_MAGICS = frozenset(signed32(m) for m in MESSAGE_MAGIC_CODES)
+_MAGICS = frozenset((MAGIC_V1, MAGIC_V2))
 
 
 class StoreTimestampReader:
@@ -142,7 +149,7 @@ class StoreTimestampReader:
             return self._miss(physical_offset, str(exc))
         if len(data) < POS_SYS_FLAG + 4:
             return self._miss(physical_offset, "past the end of its file")
-        total_size, magic = _HEADER.unpack_from(data, 0)
+        total_size, magic = SIZE_MAGIC.unpack_from(data, 0)
         if magic not in _MAGICS or total_size != size:
             return self._miss(physical_offset, f"no message record of {size} bytes there (size {total_size})")
         if _I64.unpack_from(data, POS_PHYSICAL_OFFSET)[0] != physical_offset:
