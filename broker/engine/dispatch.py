@@ -421,7 +421,9 @@ def index_progress(index: IndexService) -> tuple[int, int]:
 class DispatchMode(Protocol):
     """What the store needs from whoever builds its consume queues and index."""
 
-    external: bool
+    # whether :meth:`appended` reads the records as they were written (the putting side then keeps
+    # their bytes); a mode that reads the commitlog files itself does not need them
+    reads_appended_records: bool
     deleter: Callable[[str, int], None] | None  # removes a topic's queues in the process that writes them
 
     def opened(self, committed_end: int) -> None:
@@ -451,7 +453,7 @@ class InlineDispatch:
     """The putting thread dispatches, under the put lock: every stored record is pullable and
     findable by key when the put returns (tools, tests, a single-process store)."""
 
-    external = False
+    reads_appended_records = True
 
     def __init__(self, dispatcher: Dispatcher) -> None:
         self.dispatcher = dispatcher
@@ -485,7 +487,7 @@ class ExternalDispatch:
     :meth:`~broker.engine.message_store.MessageStore.external_advance`), reads the index files as they
     are on disk, and sends topic deletions to the process through ``deleter``."""
 
-    external = True
+    reads_appended_records = False
 
     def __init__(self, dispatcher: Dispatcher, store_dir: Path, settings: StoreSettings) -> None:
         self.dispatcher = dispatcher

@@ -540,7 +540,7 @@ class MessageStore:
                         results[i] = PutResult(PutStatus.SERVICE_NOT_AVAILABLE)
                     prepared = []
                 writer, clock = self._writer, self.clock
-                keep = not self._dispatch.external  # in-process dispatch decodes the bytes as written
+                keep = self._dispatch.reads_appended_records
                 refusing = bool(self._deleting or self._deleted)
                 start = writer.write_offset
                 for i, ready in prepared:
