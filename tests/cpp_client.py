@@ -15,8 +15,12 @@ from broker.remoting.codes import RequestCode, ResponseCode
 from broker.remoting.command import RemotingCommand
 from broker.remoting.transport import SyncRemotingClient
 from tests.broker_harness import REPO
+from tests.cpp_client_scripts._common import SHUTDOWN_MARKER
 
 SCRIPTS = Path(__file__).resolve().parent / "cpp_client_scripts"
+# librocketmq 1.2.3 sometimes aborts in shutdown(): a worker thread meets boost's interruption
+# outside a handler (known upstream: apache/rocketmq-client-cpp#204, "sometimes shutdown will coredump")
+_SHUTDOWN_ABORT = "boost::thread_interrupted"
 
 
 class ClientProcess:
@@ -61,12 +65,24 @@ class ClientProcess:
         finally:
             self._out.close()
             self._err.close()
-        if self.proc.returncode != 0:
+        if self.proc.returncode != 0 and not self._shutdown_abort():
             raise AssertionError(f"{self.name} exited with {self.proc.returncode}\n{self._tails()}")
         lines = [ln for ln in self.stdout_path.read_text().splitlines() if ln.startswith("{")]
         if not lines:
             raise AssertionError(f"{self.name} printed no JSON result\n{self._tails()}")
         return json.loads(lines[-1])
+
+    def _shutdown_abort(self) -> bool:
+        """The C++ client's own shutdown race, after the script reported everything: its result
+        line, then the marker, then the abort naming boost's interruption. Anything else (an abort
+        before the result, another signal, another message) is a failure."""
+        out = self.stdout_path.read_text().splitlines()
+        if (self.proc.returncode == -signal.SIGABRT and out and out[-1] == SHUTDOWN_MARKER
+                and len(out) > 1 and out[-2].startswith("{") and _SHUTDOWN_ABORT in self.stderr_path.read_text()):
+            print(f"{self.name}: the C++ client aborted in shutdown() after its result "
+                  f"({_SHUTDOWN_ABORT}); result kept", file=sys.stderr)
+            return True
+        return False
 
     def kill(self) -> None:
         if self.proc.poll() is None:

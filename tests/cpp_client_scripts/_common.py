@@ -1,5 +1,6 @@
 """Shared bits of the C++-client scripts (run in their own process: a librocketmq crash must not take
-the test runner down). Each script prints exactly one JSON document as the last line of stdout."""
+the test runner down). Each script prints exactly one JSON document as the last line of stdout, or
+right before :data:`SHUTDOWN_MARKER` when it reports before shutting its client down."""
 
 from __future__ import annotations
 
@@ -55,6 +56,16 @@ def set_credentials(client, args) -> None:
     client's default, which it sends as OnsChannel)."""
     if args.access_key is not None:
         client.set_session_credentials(args.access_key, args.secret_key or "", "")
+
+
+# Printed after the result by a script that shuts its client down last (tests/cpp_client.py accepts
+# librocketmq's known abort in shutdown() only after this line)
+SHUTDOWN_MARKER = "shutting down"
+
+
+def announce_shutdown() -> None:
+    sys.stdout.write(SHUTDOWN_MARKER + "\n")
+    sys.stdout.flush()
 
 
 def emit(result: dict) -> None:

@@ -20,7 +20,7 @@ import time
 
 from rocketmq.client import Message, Producer
 
-from _common import add_credential_args, emit, set_credentials
+from _common import add_credential_args, announce_shutdown, emit, set_credentials
 
 ASYNC_WAIT = 60.0
 
@@ -147,11 +147,14 @@ def main() -> int:
         i += 1
     in_flight.wait(ASYNC_WAIT)
     elapsed = time.time() - started
-    producer.shutdown()
     # a failed async send is reported in errors only, like the other modes
     results = [r for r in results if not r.pop("failed", False)]
     errors.extend(in_flight.errors)
+    # the result first: a producer has nothing to hand back at shutdown, and librocketmq's shutdown
+    # can abort (tests/cpp_client.py: _shutdown_abort), which must not lose what was sent
     emit({"pid": os.getpid(), "results": results, "errors": errors, "elapsed": elapsed})
+    announce_shutdown()
+    producer.shutdown()
     return 0
 
 
