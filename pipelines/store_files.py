@@ -284,9 +284,9 @@ class FsQueueFiles(QueueFiles):
     open (on object storage, one metadata request)."""
 
     def __init__(self, store: StoreFiles, topic: str, queue_id: int, files: list[StoreFile], file_size: int) -> None:
-        super().__init__(store.label(CONSUME_QUEUE_DIR, topic, str(queue_id)), file_size)  # type: ignore[arg-type]
         self._store = store
         self._parts = (CONSUME_QUEUE_DIR, topic, str(queue_id))
+        super().__init__(store.label(*self._parts), file_size)  # type: ignore[arg-type]
         self._bases = [f.base for f in files if f.base % CQ_STORE_UNIT_SIZE == 0]
         self._open: tuple[int, pa.NativeFile] | None = None
 

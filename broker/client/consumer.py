@@ -42,7 +42,7 @@ from broker.remoting.codes import DEFAULT_VERSION, ExpressionType, PullSysFlag, 
 from broker.remoting.command import RemotingCommand
 from broker.remoting.tls import ClientTlsConfig
 from broker.store.message import MessageRecord, RecordError, decode_record
-from broker.store.record_layout import POS_PHYSICAL_OFFSET, POS_TOTAL_SIZE
+from broker.store.record_layout import POS_PHYSICAL_OFFSET, SIZE_MAGIC
 from broker.store.topics import retry_topic
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def decode_records(body: bytes) -> list[MessageRecord]:
     out = []
     pos = 0
     while pos + _PHYS_END <= len(body):
-        size = int.from_bytes(body[pos + POS_TOTAL_SIZE:pos + POS_TOTAL_SIZE + 4], "big", signed=True)
+        size = SIZE_MAGIC.unpack_from(body, pos)[0]
         phys = int.from_bytes(body[pos + POS_PHYSICAL_OFFSET:pos + _PHYS_END], "big", signed=True)
         if size <= 0:
             raise RecordError("bad_size", pos, f"record size {size} in a pull body")

@@ -18,6 +18,7 @@ import struct
 import numpy as np
 
 from broker.store.constants import (
+    BLANK_HEADER_SIZE,
     BLANK_MAGIC_CODE,
     BORNHOST_V6_FLAG,
     MESSAGE_MAGIC_CODE_V1,
@@ -99,7 +100,7 @@ HEAD = struct.Struct(">" + "".join("i" if typ == ">i4" else "q" for _, _, typ in
 assert HEAD.size == POS_BORN_HOST
 # TOTALSIZE and MAGICCODE: how every record starts, a message or the BLANK that ends a file
 SIZE_MAGIC = struct.Struct(">ii")
-assert SIZE_MAGIC.size == POS_BODY_CRC
+assert SIZE_MAGIC.size == POS_BODY_CRC == BLANK_HEADER_SIZE  # a BLANK record is just this head
 # MAGICCODE as the field holds it (a signed int)
 MAGIC_V1 = signed32(MESSAGE_MAGIC_CODE_V1)
 MAGIC_V2 = signed32(MESSAGE_MAGIC_CODE_V2)
